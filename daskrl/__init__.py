@@ -1,0 +1,50 @@
+"""daskrl: collect reinforcement-learning experience at cluster scale on Dask.
+
+Weights travel as plain CPU numpy arrays, workers run batches of gymnasium envs on their own
+devices, trajectories land as zarr chunks in any fsspec store, and only small handles come back.
+"""
+
+from __future__ import annotations
+
+from .collector import Collector
+from .config import CollectorConfig, Compression
+from .errors import (
+    BatchNotFoundError,
+    CollectorClosedError,
+    ConfigError,
+    DaskrlError,
+    EnvError,
+    PolicyError,
+    StoreError,
+    StoreFormatError,
+    WeightsIntegrityError,
+)
+from .handles import BatchHandle
+from .store import TrajectoryStore, open_store
+from .weights import WeightsSnapshot, snapshot
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # data
+    "BatchHandle",
+    "BatchNotFoundError",
+    # collecting
+    "Collector",
+    "CollectorClosedError",
+    "CollectorConfig",
+    "Compression",
+    "ConfigError",
+    # errors
+    "DaskrlError",
+    "EnvError",
+    "PolicyError",
+    "StoreError",
+    "StoreFormatError",
+    "TrajectoryStore",
+    "WeightsIntegrityError",
+    # weights
+    "WeightsSnapshot",
+    "open_store",
+    "snapshot",
+]

@@ -1,0 +1,127 @@
+"""Validated collection settings.
+
+:class:`CollectorConfig` gathers the algorithm-side options of a collector.  It is frozen and
+validated in ``__post_init__`` on the learner, so bad input fails before any worker spends time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["CollectorConfig", "Compression"]
+
+
+class Compression(str, enum.Enum):
+    """Compressor applied to every chunk (a checksum is always added)."""
+
+    ZSTD = "zstd"
+    LZ4 = "lz4"
+    NONE = "none"
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        expected = f"an integer >= {minimum}" + (" or None" if allow_none else "")
+        raise ConfigError(f"{name} must be {expected}, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectorConfig:
+    """Algorithm-side settings of a collection run (see :class:`daskrl.Collector`)."""
+
+    envs_per_worker: int = 8
+    """Environments stepped together in one task (the ``E`` of a ``[T, E]`` batch)."""
+    frames_per_batch: int = 4096
+    """Env steps summed over the batch's envs; a multiple of ``envs_per_worker``."""
+    total_frames: int | None = 200_000
+    """Frames to collect in all (exact); ``None`` collects until the collector is closed."""
+    max_frames_per_traj: int | None = None
+    """Truncate episodes longer than this (``truncated=True`` is stored)."""
+    init_random_frames: int = 0
+    """The first frames of the run use actions sampled from the action space."""
+    reset_at_each_iter: bool = False
+    """Reset every env at the start of each batch instead of continuing episodes."""
+    sync: bool = True
+    """True: rounds of batches on one weights version; False: first finished, first out."""
+    seed: int = 0
+    """Root of every env's and policy's random stream."""
+    num_workers: int | None = None
+    """Batches collected in parallel (default: the cluster's worker count)."""
+    compression: Compression = Compression.ZSTD
+    """Compressor for the stored chunks."""
+
+    def __post_init__(self) -> None:
+        _positive_int("envs_per_worker", self.envs_per_worker)
+        _positive_int("frames_per_batch", self.frames_per_batch)
+        _positive_int("total_frames", self.total_frames, allow_none=True)
+        _positive_int("max_frames_per_traj", self.max_frames_per_traj, allow_none=True)
+        _positive_int("init_random_frames", self.init_random_frames, minimum=0)
+        _positive_int("num_workers", self.num_workers, allow_none=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}.")
+        e = self.envs_per_worker
+        if self.frames_per_batch % e:
+            lo = max(e, self.frames_per_batch // e * e)
+            raise ConfigError(
+                f"frames_per_batch={self.frames_per_batch} is not a multiple of "
+                f"envs_per_worker={e}: each batch is [T, E] with E={e}. "
+                f"Use frames_per_batch={lo} or {lo + e}."
+            )
+        if self.total_frames is not None and self.total_frames % e:
+            lo = max(e, self.total_frames // e * e)
+            raise ConfigError(
+                f"total_frames={self.total_frames} is not a multiple of envs_per_worker={e}, "
+                f"so it cannot be collected exactly. Use total_frames={lo} or {lo + e}."
+            )
+        try:
+            object.__setattr__(self, "compression", Compression(self.compression))
+        except ValueError:
+            choices = ", ".join(repr(c.value) for c in Compression)
+            raise ConfigError(
+                f"compression must be one of {choices}, got {self.compression!r}."
+            ) from None
+
+    @property
+    def steps_per_batch(self) -> int:
+        """``T``: vector steps in a full batch."""
+        return self.frames_per_batch // self.envs_per_worker
+
+    def batch_frames(self) -> Any:
+        """Yield the frame count of each batch in order (the last one may be shorter)."""
+        if self.total_frames is None:
+            while True:
+                yield self.frames_per_batch
+        left = self.total_frames
+        while left > 0:
+            n = min(self.frames_per_batch, left)
+            yield n
+            left -= n
+
+    def random_steps(self, first_frame: int, steps: int) -> int:
+        """How many of a batch's first steps use random actions, given its first frame."""
+        left = self.init_random_frames - first_frame
+        if left <= 0:
+            return 0
+        return min(steps, -(-left // self.envs_per_worker))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain-JSON form, stored with each run."""
+        d = dataclasses.asdict(self)
+        d["compression"] = self.compression.value
+        return d
+
+
+def check_mapping(name: str, value: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validate an optional ``{str: ...}`` mapping option."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{name} must be a mapping with string keys, got {value!r}.")
+    return dict(value)

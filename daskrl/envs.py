@@ -1,0 +1,118 @@
+"""Environment specs: a gymnasium id or a factory, checked on the learner, built on workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from .errors import ConfigError, EnvError
+
+__all__ = ["EnvLike", "EnvSpec"]
+
+EnvLike = str | Callable[[], gym.Env]
+
+SUPPORTED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def _check_space(name: str, what: str, space: gym.Space) -> None:
+    if not isinstance(space, SUPPORTED_SPACES):
+        raise ConfigError(
+            f"env {name}: its {what} space is {space!r}; daskrl stores fixed-shape numeric "
+            "arrays, so it supports Box, Discrete, MultiDiscrete and MultiBinary. Wrap the env "
+            "(e.g. gymnasium.wrappers.FlattenObservation) to give it such a space."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """What a worker needs to build one environment."""
+
+    env: EnvLike
+    """A registered gymnasium id, or a zero-argument factory returning a ``gymnasium.Env``."""
+    env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments for ``gymnasium.make`` (id form only)."""
+    max_episode_steps: int | None = None
+    """Truncate episodes at this many steps (``gymnasium.wrappers.TimeLimit``)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.env, str):
+            return
+        if not callable(self.env):
+            raise ConfigError(
+                f"env must be a gymnasium id (str) or a zero-argument factory returning a "
+                f"gymnasium.Env, got {type(self.env).__name__}: {self.env!r}."
+            )
+        if self.env_kwargs:
+            raise ConfigError(
+                "env_kwargs apply to a gymnasium id only; with an env factory, bind the "
+                "arguments in the factory (e.g. functools.partial(make_env, **kwargs))."
+            )
+
+    @property
+    def name(self) -> str:
+        """The id, or the factory's qualified name: how errors name the env."""
+        if isinstance(self.env, str):
+            return repr(self.env)
+        qual = getattr(self.env, "__qualname__", None) or type(self.env).__name__
+        return f"factory {getattr(self.env, '__module__', '?')}.{qual}"
+
+    def make(self) -> gym.Env:
+        """Build one environment (raises :class:`EnvError` naming the env)."""
+        try:
+            if isinstance(self.env, str):
+                env = gym.make(self.env, **dict(self.env_kwargs))
+            else:
+                env = self.env()
+        except gym.error.Error as e:
+            raise EnvError(
+                f"could not make env {self.name}: {e} Check the id (registered ids: "
+                "gymnasium.pprint_registry()) and import the package that registers it."
+            ) from e
+        except Exception as e:
+            raise EnvError(f"could not make env {self.name}: {type(e).__name__}: {e}") from e
+        if not isinstance(env, gym.Env):
+            raise EnvError(
+                f"env {self.name} built a {type(env).__name__}, expected a gymnasium.Env."
+            )
+        if self.max_episode_steps is not None:
+            env = gym.wrappers.TimeLimit(env, max_episode_steps=self.max_episode_steps)
+        return env
+
+    def probe(self) -> tuple[gym.Space, gym.Space]:
+        """Build one env on the learner to check it early; return its (obs, action) spaces."""
+        env = self.make()
+        try:
+            _check_space(self.name, "observation", env.observation_space)
+            _check_space(self.name, "action", env.action_space)
+            return env.observation_space, env.action_space
+        finally:
+            env.close()
+
+
+def apply_env_vars(env_vars: Mapping[str, str]) -> None:
+    """Set environment variables in this process (on a worker, before envs are built)."""
+    for k, v in env_vars.items():
+        os.environ[k] = str(v)
+
+
+def check_env_vars(env_vars: Mapping[str, Any]) -> dict[str, str]:
+    """Validate ``env_vars``: string names, values that can be strings."""
+    out = {}
+    for k, v in env_vars.items():
+        if not k or "=" in k:
+            raise ConfigError(f"env_vars has an invalid variable name {k!r}.")
+        if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            raise ConfigError(f"env_vars[{k!r}] must be a string or number, got {v!r}.")
+        out[k] = str(v)
+    return out
+
+
+def space_dtype(space: gym.Space) -> np.dtype:
+    """The numpy dtype of one element of ``space``."""
+    return np.dtype(space.dtype)  # type: ignore[arg-type]

@@ -1,0 +1,59 @@
+"""The daskrl error hierarchy.
+
+Every error raised by daskrl derives from :class:`DaskrlError` and, where one fits, from the
+matching builtin too, so ``except ValueError`` keeps working for callers that do not know
+daskrl.  Messages say what was wrong, what was expected and what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchNotFoundError",
+    "CollectorClosedError",
+    "ConfigError",
+    "DaskrlError",
+    "EnvError",
+    "PolicyError",
+    "StoreError",
+    "StoreFormatError",
+    "WeightsIntegrityError",
+]
+
+
+class DaskrlError(Exception):
+    """Base class of every error daskrl raises."""
+
+
+class ConfigError(DaskrlError, ValueError):
+    """An option given to a :class:`~daskrl.Collector` or the CLI is invalid."""
+
+
+class EnvError(DaskrlError, RuntimeError):
+    """An environment could not be built, or misbehaved while collecting."""
+
+
+class PolicyError(DaskrlError, ValueError):
+    """A policy cannot be shipped to workers, or its output does not fit the action space."""
+
+
+class WeightsIntegrityError(DaskrlError, RuntimeError):
+    """Weights received by a worker do not match the checksum the learner sent."""
+
+
+class StoreError(DaskrlError, OSError):
+    """The trajectory store cannot be created, written or read."""
+
+
+class StoreFormatError(StoreError):
+    """The store's layout or metadata is not one this version of daskrl can read."""
+
+
+class BatchNotFoundError(StoreError, KeyError):
+    """No committed batch with the requested id exists in the store."""
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CollectorClosedError(DaskrlError, RuntimeError):
+    """The collector was used after :meth:`~daskrl.Collector.close`."""

@@ -1,0 +1,234 @@
+"""Rollouts: a set of gymnasium envs stepped together by a torch policy for ``T`` steps.
+
+An :class:`EnvSet` lives on its worker between tasks, so episodes continue across batches.  It
+steps its envs itself rather than through ``gymnasium.vector.SyncVectorEnv``: that gives
+gymnasium's *same-step* autoreset (every stored transition is real; ``next_observation`` at an
+episode end is the true final observation) together with per-env error attribution.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from .envs import EnvSpec, space_dtype
+from .errors import EnvError, PolicyError
+
+__all__ = ["EPISODE_ID_STRIDE", "EnvSet", "check_action", "split_policy_output"]
+
+EPISODE_ID_STRIDE = 1 << 24
+"""``episode_id = batch_id * EPISODE_ID_STRIDE + step * E + env``: of the batch it started in."""
+
+
+def split_policy_output(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(action, extras)`` from a policy's output: a tensor, or a dict with ``"action"``."""
+    if isinstance(out, torch.Tensor):
+        return out, {}
+    if isinstance(out, Mapping):
+        if "action" not in out:
+            raise PolicyError(
+                f"the policy returned a mapping with keys {sorted(out)}, which lacks 'action'. "
+                "Return a tensor, or a dict with an 'action' entry plus extra outputs."
+            )
+        extras = {}
+        for k, v in out.items():
+            if not isinstance(v, torch.Tensor):
+                raise PolicyError(f"policy output {k!r} is {type(v).__name__}, expected a tensor.")
+            if k != "action":
+                extras[str(k)] = v
+        return out["action"], extras
+    raise PolicyError(
+        f"the policy returned {type(out).__name__}; expected an action tensor [E, *action] or "
+        "a dict {'action': ..., other per-step outputs}."
+    )
+
+
+def check_action(action: torch.Tensor, space: gym.Space, n_envs: int, env_name: str) -> None:
+    """Raise :class:`PolicyError` unless ``action`` fits ``space`` for ``n_envs`` envs."""
+    expected = (n_envs, *space.shape)  # type: ignore[misc]
+    if tuple(action.shape) != expected:
+        raise PolicyError(
+            f"policy output 'action' has shape {tuple(action.shape)}, but env {env_name} has "
+            f"action space {space!r}: expected {expected} for {n_envs} envs."
+        )
+    integral = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
+    if integral and action.dtype.is_floating_point:
+        raise PolicyError(
+            f"policy output 'action' has dtype {action.dtype}, but env {env_name} has the "
+            f"discrete action space {space!r}: return integer actions (e.g. argmax or sample)."
+        )
+    if isinstance(space, spaces.Box) and not (
+        action.dtype.is_floating_point or space.dtype.kind in "iu"
+    ):
+        raise PolicyError(
+            f"policy output 'action' has dtype {action.dtype}; env {env_name} has the "
+            f"continuous action space {space!r}: return floating-point actions."
+        )
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        a = action.detach().cpu().numpy()
+        low = space.start
+        high = space.start + (space.n if isinstance(space, spaces.Discrete) else space.nvec)
+        if np.any(a < low) or np.any(a >= high):
+            raise PolicyError(
+                f"policy output 'action' has values outside env {env_name}'s action space "
+                f"{space!r} (got min {a.min()}, max {a.max()})."
+            )
+
+
+def _extra_to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.float()
+    return t.cpu().numpy()
+
+
+class EnvSet:
+    """``E`` environments of one collection stream, with their episode bookkeeping."""
+
+    def __init__(self, spec: EnvSpec, n_envs: int, seed: int, stream: int) -> None:
+        self.spec = spec
+        self.n_envs = n_envs
+        self.envs: list[gym.Env] = [spec.make() for _ in range(n_envs)]
+        self.obs_space = self.envs[0].observation_space
+        self.act_space = self.envs[0].action_space
+        seeds = np.random.SeedSequence([seed, stream]).spawn(n_envs)
+        self._seeds = [int(s.generate_state(1)[0]) for s in seeds]
+        for env, s in zip(self.envs, self._seeds):
+            env.action_space.seed(s)
+        self._needs_reset = True
+        self.obs = np.zeros((n_envs, *self.obs_space.shape), space_dtype(self.obs_space))  # type: ignore[misc]
+        self.episode_id = np.zeros(n_envs, np.int64)
+        self.episode_step = np.zeros(n_envs, np.int64)
+        self.episode_return = np.zeros(n_envs, np.float64)
+        self._first_reset = True
+
+    def close(self) -> None:
+        """Close every env."""
+        for env in self.envs:
+            env.close()
+
+    def _reset(self, i: int, batch_id: int, t: int) -> None:
+        seed = self._seeds[i] if self._first_reset else None
+        try:
+            obs, _ = self.envs[i].reset(seed=seed)
+        except Exception as e:
+            raise EnvError(f"env {self.spec.name} (env index {i}) raised in reset(): {e!r}") from e
+        self.obs[i] = obs
+        self.episode_id[i] = batch_id * EPISODE_ID_STRIDE + t * self.n_envs + i
+        self.episode_step[i] = 0
+        self.episode_return[i] = 0.0
+
+    def collect(
+        self,
+        policy: torch.nn.Module,
+        device: torch.device,
+        steps: int,
+        batch_id: int,
+        random_steps: int = 0,
+        reset: bool = False,
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Step every env ``steps`` times; return ``(arrays [T, E, ...], stats)``."""
+        E = self.n_envs
+        if reset or self._needs_reset:
+            for i in range(E):
+                self._reset(i, batch_id, 0)
+            self._first_reset = False
+            self._needs_reset = False
+        obs_shape = self.obs.shape[1:]
+        act_dtype = space_dtype(self.act_space)
+        out: dict[str, np.ndarray] = {
+            "observation": np.empty((steps, E, *obs_shape), self.obs.dtype),
+            "next_observation": np.empty((steps, E, *obs_shape), self.obs.dtype),
+            "reward": np.empty((steps, E), np.float32),
+            "terminated": np.empty((steps, E), np.bool_),
+            "truncated": np.empty((steps, E), np.bool_),
+            "episode_id": np.empty((steps, E), np.int64),
+            "step": np.empty((steps, E), np.int64),
+        }
+        extras: dict[str, np.ndarray] = {}
+        returns: list[float] = []
+        lengths: list[int] = []
+        is_box = isinstance(self.act_space, spaces.Box)
+        t0 = time.perf_counter()
+        for t in range(steps):
+            out["observation"][t] = self.obs
+            out["episode_id"][t] = self.episode_id
+            out["step"][t] = self.episode_step
+            with torch.inference_mode():
+                action_t, extra_t = split_policy_output(
+                    policy(torch.as_tensor(self.obs, device=device))
+                )
+            if t == 0:
+                check_action(action_t, self.act_space, E, self.spec.name)
+            action = action_t.detach().cpu().numpy()
+            if t == 0:
+                out["action"] = np.empty((steps, *action.shape), action.dtype)
+                for k, v in extra_t.items():
+                    v_np = _extra_to_numpy(v)
+                    if v_np.shape[:1] != (E,):
+                        raise PolicyError(
+                            f"policy output {k!r} has shape {tuple(v.shape)}; per-step outputs "
+                            f"must have the envs first: ({E}, ...)."
+                        )
+                    extras[k] = np.empty((steps, *v_np.shape), v_np.dtype)
+            for k, v in extra_t.items():
+                extras[k][t] = _extra_to_numpy(v)
+            if t < random_steps:
+                action = (
+                    np.stack([env.action_space.sample() for env in self.envs])
+                    .astype(out["action"].dtype, copy=False)
+                    .reshape(action.shape)
+                )
+            out["action"][t] = action
+            for i, env in enumerate(self.envs):
+                a = action[i]
+                if is_box:
+                    a = np.clip(a, self.act_space.low, self.act_space.high).astype(act_dtype)
+                elif isinstance(self.act_space, spaces.Discrete):
+                    a = int(a)
+                try:
+                    nobs, r, term, trunc, _ = env.step(a)
+                except Exception as e:
+                    raise EnvError(
+                        f"env {self.spec.name} (env index {i}) raised in step() at step "
+                        f"{t} of batch {batch_id}: {e!r}"
+                    ) from e
+                out["next_observation"][t, i] = nobs
+                out["reward"][t, i] = r
+                out["terminated"][t, i] = term
+                out["truncated"][t, i] = trunc
+                self.episode_return[i] += float(r)
+                self.episode_step[i] += 1
+                if term or trunc:
+                    returns.append(float(self.episode_return[i]))
+                    lengths.append(int(self.episode_step[i]))
+                    self._reset(i, batch_id, t + 1)
+                else:
+                    self.obs[i] = nobs
+        elapsed = time.perf_counter() - t0
+        self._check_finite(out, batch_id)
+        out.update(extras)
+        stats = {
+            "episode_returns": tuple(returns),
+            "episode_lengths": tuple(lengths),
+            "rollout_seconds": elapsed,
+        }
+        return out, stats
+
+    def _check_finite(self, out: dict[str, np.ndarray], batch_id: int) -> None:
+        for key in ("next_observation", "reward"):
+            arr = out[key]
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                bad = np.argwhere(~np.isfinite(arr.reshape(arr.shape[0], arr.shape[1], -1)))[0]
+                self._needs_reset = True
+                raise EnvError(
+                    f"env {self.spec.name} (env index {bad[1]}) returned a non-finite "
+                    f"{key.replace('next_', '')} at step {bad[0]} of batch {batch_id}. Fix the "
+                    "env or wrap it to sanitize its output; the batch was discarded."
+                )

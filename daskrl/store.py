@@ -1,0 +1,320 @@
+"""The trajectory store: batches as zarr v3 groups under an fsspec URL, made visible by commits.
+
+Layout (see ``docs/store-format.md``)::
+
+    <root>/zarr.json                       group; attributes["daskrl"] = format and version
+    <root>/runs/<run:04d>/zarr.json        one group per collector run (its settings)
+    <root>/batches/<id:012d>-<attempt>/    one group per write attempt: arrays [T, E, ...]
+    <root>/commits/<id:012d>/zarr.json     commit record: which attempt is *the* batch
+
+A worker writes every array of a batch under a fresh attempt prefix, then creates the commit
+record with an exclusive create.  Readers list commits only, so a batch is seen whole or not at
+all, and a retried task's second commit of the same id is detected and dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zarr
+import zarr.codecs
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import FsspecStore, LocalStore
+
+from .config import Compression
+from .errors import BatchNotFoundError, StoreError, StoreFormatError
+from .handles import BatchHandle
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "TrajectoryStore", "normalize_url", "open_store"]
+
+FORMAT_NAME = "daskrl.trajectories"
+FORMAT_VERSION = "1.0"
+BATCH_IDS_PER_RUN = 1_000_000_000
+"""Run ``r`` numbers its batches from ``r * BATCH_IDS_PER_RUN``."""
+CHUNK_BYTES = 8 << 20
+
+# storage_options by store URL, so handles (which carry no credentials) can load in this process.
+_OPTIONS: dict[str, dict[str, Any]] = {}
+
+
+def normalize_url(url: str | os.PathLike[str]) -> str:
+    """``file://`` URL of an absolute path for local paths; other URLs unchanged."""
+    url = os.fspath(url)
+    if not isinstance(url, str) or not url:
+        raise StoreError(f"store must be a local path or an fsspec URL, got {url!r}.")
+    if "://" not in url:
+        return "file://" + str(Path(url).expanduser().absolute())
+    if url.startswith("file://"):
+        return "file://" + str(Path(url[len("file://") :]).expanduser().absolute())
+    return url.rstrip("/")
+
+
+def _zarr_store(url: str, storage_options: Mapping[str, Any] | None, read_only: bool) -> Any:
+    if url.startswith("file://"):
+        # LocalStore writes a temp file and renames it: atomic on POSIX (fsspec's file:// is not).
+        return LocalStore(url[len("file://") :], read_only=read_only)
+    try:
+        return FsspecStore.from_url(
+            url, storage_options=dict(storage_options or {}), read_only=read_only
+        )
+    except ImportError as e:
+        raise StoreError(
+            f"cannot open store {url!r}: {e}. Install the fsspec backend for this protocol "
+            "(e.g. pip install s3fs for s3://)."
+        ) from e
+
+
+def _codecs(compression: Compression) -> list[Any]:
+    if compression == Compression.ZSTD:
+        comp: list[Any] = [zarr.codecs.ZstdCodec(level=1)]
+    elif compression == Compression.LZ4:
+        comp = [zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle")]
+    else:
+        comp = []
+    return [*comp, zarr.codecs.Crc32cCodec()]
+
+
+def _chunks(arr: np.ndarray) -> tuple[int, ...]:
+    row = max(1, arr[:1].nbytes)
+    return (max(1, min(arr.shape[0], CHUNK_BYTES // row)), *arr.shape[1:])
+
+
+def _json_bytes(doc: Mapping[str, Any]) -> Any:
+    return default_buffer_prototype().buffer.from_bytes(json.dumps(doc, indent=1).encode())
+
+
+def _group_doc(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    return {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes)}
+
+
+class TrajectoryStore:
+    """A daskrl store: write batches (workers), list and load them (learners, no cluster)."""
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        read_only: bool = True,
+    ) -> None:
+        self.url = normalize_url(url)
+        self.storage_options = dict(storage_options or {})
+        self.read_only = read_only
+        self._zstore = _zarr_store(self.url, self.storage_options, read_only)
+        self._commits: dict[int, dict[str, Any]] = {}
+        if storage_options:
+            _OPTIONS[self.url] = self.storage_options
+
+    # -- low level ---------------------------------------------------------------------------
+    def _get_json(self, key: str) -> dict[str, Any] | None:
+        buf = sync(self._zstore.get(key, prototype=default_buffer_prototype()))
+        return None if buf is None else json.loads(buf.to_bytes())
+
+    def _create_exclusive(self, key: str, doc: Mapping[str, Any]) -> bool:
+        """Create ``key`` unless it exists; True if this call's document is the one stored."""
+        data = _json_bytes(doc)
+        sync(self._zstore.set_if_not_exists(key, data))
+        stored = self._get_json(key)
+        return stored == json.loads(data.to_bytes())
+
+    # -- layout ------------------------------------------------------------------------------
+    def initialize(self) -> None:
+        """Create the root and its sub-groups if missing; check the format otherwise."""
+        root = self._get_json("zarr.json")
+        if root is None:
+            meta = {"daskrl": {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}}
+            try:
+                self._create_exclusive("zarr.json", _group_doc(meta))
+                for sub in ("runs", "batches", "commits"):
+                    self._create_exclusive(f"{sub}/zarr.json", _group_doc({}))
+            except OSError as e:
+                raise StoreError(f"cannot create a store at {self.url!r}: {e}") from e
+        self.check_format()
+
+    def check_format(self) -> None:
+        """Raise :class:`StoreFormatError` unless this is a daskrl store this version reads."""
+        root = self._get_json("zarr.json")
+        if root is None:
+            raise StoreFormatError(
+                f"no daskrl store at {self.url!r} (no zarr.json at its root). Check the URL, "
+                "and that this machine sees the same filesystem as the workers."
+            )
+        info = (root.get("attributes") or {}).get("daskrl")
+        if (
+            root.get("zarr_format") != 3
+            or not isinstance(info, dict)
+            or info.get("format") != FORMAT_NAME
+        ):
+            raise StoreFormatError(
+                f"{self.url!r} is a zarr hierarchy but not a daskrl store "
+                f"(root attributes: {root.get('attributes')!r})."
+            )
+        major = str(info.get("format_version", "")).split(".")[0]
+        if major != FORMAT_VERSION.split(".")[0]:
+            raise StoreFormatError(
+                f"store {self.url!r} has format version {info.get('format_version')!r}; this "
+                f"daskrl reads version {FORMAT_VERSION.split('.')[0]}.x. Upgrade daskrl."
+            )
+
+    def register_run(self, settings: Mapping[str, Any]) -> int:
+        """Claim the next free run number (exclusive create) and record ``settings``."""
+        existing = sorted(int(k) for k in self._list_groups("runs"))
+        run = existing[-1] + 1 if existing else 0
+        while True:
+            if run * BATCH_IDS_PER_RUN >= 2**39:
+                raise StoreError(f"store {self.url!r} holds too many runs; use a new store.")
+            doc = _group_doc(
+                {
+                    "run": run,
+                    "settings": dict(settings),
+                    "started": time.time(),
+                    "nonce": uuid.uuid4().hex,
+                }
+            )
+            if self._create_exclusive(f"runs/{run:04d}/zarr.json", doc):
+                return run
+            run += 1
+
+    def _list_groups(self, prefix: str) -> list[str]:
+        async def _ls() -> list[str]:
+            return [k async for k in self._zstore.list_dir(prefix + "/")]
+
+        return sorted(k.rstrip("/") for k in sync(_ls()) if k.rstrip("/") != "zarr.json")
+
+    # -- writing (workers) -------------------------------------------------------------------
+    def write_batch(
+        self,
+        batch_id: int,
+        arrays: Mapping[str, np.ndarray],
+        meta: Mapping[str, Any],
+        compression: Compression = Compression.ZSTD,
+    ) -> tuple[str, bool]:
+        """Write a batch under a fresh attempt prefix, then commit it.
+
+        Returns ``(path, committed)``: ``committed`` is False when another attempt of the same
+        batch id committed first (this attempt's data is then removed).
+        """
+        path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}"
+        codecs = _codecs(compression)
+        group = zarr.create_group(self._zstore, path=path, attributes=dict(meta), overwrite=True)
+        for name, arr in arrays.items():
+            a = group.create_array(
+                name,
+                shape=arr.shape,
+                dtype=arr.dtype,
+                chunks=_chunks(arr),
+                compressors=codecs,
+                fill_value=0,
+                dimension_names=("time", "env", *[None] * (arr.ndim - 2)),
+            )
+            a[...] = arr
+        record = _group_doc({**meta, "batch_id": batch_id, "path": path})
+        committed = self._create_exclusive(f"commits/{batch_id:012d}/zarr.json", record)
+        if not committed:
+            self._delete_prefix(path)
+        return path, committed
+
+    def _delete_prefix(self, path: str) -> None:
+        try:
+            sync(self._zstore.delete_dir(path))
+        except Exception:  # debris only: a garbage collector can remove it later
+            pass
+
+    # -- reading -----------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Pick up batches committed since the last look."""
+        for key in self._list_groups("commits"):
+            bid = int(key)
+            if bid not in self._commits:
+                doc = self._get_json(f"commits/{key}/zarr.json")
+                if doc is not None:
+                    self._commits[bid] = doc["attributes"]
+
+    def batch_ids(self) -> list[int]:
+        """Committed batch ids, ascending."""
+        self.refresh()
+        return sorted(self._commits)
+
+    def __len__(self) -> int:
+        return len(self.batch_ids())
+
+    def __iter__(self) -> Iterator[BatchHandle]:
+        for bid in self.batch_ids():
+            yield self.handle(bid)
+
+    @property
+    def frames(self) -> int:
+        """Frames in all committed batches."""
+        self.refresh()
+        return sum(int(c["frames"]) for c in self._commits.values())
+
+    def handle(self, batch_id: int) -> BatchHandle:
+        """The :class:`BatchHandle` of a committed batch."""
+        return BatchHandle.from_record(self.url, self._record(batch_id))
+
+    def _record(self, batch_id: int) -> dict[str, Any]:
+        if batch_id not in self._commits:
+            self.refresh()
+        if batch_id not in self._commits:
+            raise BatchNotFoundError(
+                f"no committed batch {batch_id} in store {self.url!r} "
+                f"({len(self._commits)} batches; ids via store.batch_ids())."
+            )
+        return self._commits[batch_id]
+
+    def load(
+        self,
+        batch_id: int,
+        device: torch.device | str | None = None,
+        keys: Sequence[str] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Load batch ``batch_id`` as ``{key: tensor [T, E, ...]}`` on ``device``."""
+        return self.load_path(self._record(batch_id)["path"], device, keys)
+
+    def load_path(
+        self, path: str, device: torch.device | str | None = None, keys: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Load the batch group at ``path`` (as named by a commit record)."""
+        try:
+            group = zarr.open_group(self._zstore, path=path, mode="r")
+        except FileNotFoundError as e:
+            raise BatchNotFoundError(f"batch data {path!r} is missing from {self.url!r}.") from e
+        names = list(keys) if keys is not None else sorted(group.array_keys())
+        out = {}
+        for name in names:
+            try:
+                arr = group[name][...]
+            except KeyError as e:
+                raise KeyError(
+                    f"batch {path!r} has no array {name!r}; it has {sorted(group.array_keys())}."
+                ) from e
+            except Exception as e:
+                raise StoreError(
+                    f"cannot read array {name!r} of batch {path!r} in {self.url!r}: {e}"
+                ) from e
+            t = torch.from_numpy(np.ascontiguousarray(arr))
+            out[name] = t if device is None else t.to(device)
+        return out
+
+
+def open_store(
+    url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> TrajectoryStore:
+    """Open an existing daskrl store for reading; no cluster needed."""
+    store = TrajectoryStore(url, storage_options, read_only=True)
+    store.check_format()
+    return store
+
+
+def options_for(url: str) -> dict[str, Any]:
+    """storage_options registered in this process for ``url`` (never stored in handles)."""
+    return _OPTIONS.get(url, {})

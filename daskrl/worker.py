@@ -1,0 +1,197 @@
+"""Worker side: a plugin that keeps each worker's policy and envs, and the collection task.
+
+:class:`CollectorPlugin` is registered once per collector; Dask installs it on every worker,
+replacement workers included.  Its ``setup`` sets ``env_vars`` and picks the device; its state
+(the loaded policy and its weights version, one :class:`~daskrl.rollout.EnvSet` per stream)
+lives until ``teardown``, when the collector closes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from distributed import Future, WorkerPlugin, get_client, get_worker
+
+from .config import CollectorConfig
+from .devices import DeviceSetting, resolve_device
+from .envs import EnvSpec, apply_env_vars
+from .errors import DaskrlError, EnvError
+from .handles import BatchHandle
+from .rollout import EnvSet
+from .store import TrajectoryStore
+from .weights import PolicySpec, WeightsSnapshot, load_weights
+
+__all__ = ["BatchTask", "CollectorPlugin", "collect_batch"]
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_FETCH_TIMEOUT = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchTask:
+    """What one collection task does; small, sent with every task."""
+
+    batch_id: int
+    stream: int
+    steps: int
+    random_steps: int
+    weights_version: int
+    weights_key: str
+
+
+class CollectorPlugin(WorkerPlugin):
+    """Per-worker state of one collector (policy, envs, store)."""
+
+    def __init__(
+        self,
+        name: str,
+        env: EnvSpec,
+        policy: PolicySpec,
+        config: CollectorConfig,
+        device: DeviceSetting,
+        env_vars: Mapping[str, str],
+        store_url: str,
+        storage_options: Mapping[str, Any],
+    ) -> None:
+        self.name = name
+        self.env = env
+        self.policy_spec = policy
+        self.config = config
+        self.device_setting = device
+        self.env_vars = dict(env_vars)
+        self.store_url = store_url
+        self.storage_options = dict(storage_options)
+        self._lock = threading.Lock()
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.device: torch.device | None = None
+        self.policy: torch.nn.Module | None = None
+        self.version = -1
+        self.envsets: dict[int, EnvSet] = {}
+        self.store: TrajectoryStore | None = None
+        self.worker_name = "?"
+        self.worker_address = "?"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_lock", "policy", "envsets", "store", "device"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self.policy, self.envsets, self.store, self.device = None, {}, None, None
+
+    def setup(self, worker: Any) -> None:
+        apply_env_vars(self.env_vars)
+        self.worker_name = str(worker.name)
+        self.worker_address = worker.address
+
+    def teardown(self, worker: Any) -> None:
+        for envset in self.envsets.values():
+            try:
+                envset.close()
+            except Exception:  # closing is best effort; the worker keeps running
+                logger.warning("env close failed on %s", self.worker_address, exc_info=True)
+        self._reset_state()
+
+    # -- state used by tasks -----------------------------------------------------------------
+    def ready_policy(self, version: int, key: str) -> torch.nn.Module:
+        """The policy with weights ``version`` on this worker's device (fetched on change)."""
+        if self.device is None:
+            self.device = resolve_device(self.device_setting, self.worker_name, self.worker_address)
+        if self.policy is None:
+            self.policy = self.policy_spec.build(self.device)
+        if self.version != version:
+            try:
+                # A published dataset: the scheduler registers this worker's client as wanting
+                # the key, and the data comes straight from the worker holding it.
+                fut: Future = get_client().get_dataset(key, default=None)
+                if fut is None:
+                    raise DaskrlError(
+                        f"worker {self.worker_address}: weights version {version} ({key!r}) is "
+                        "no longer published; was the collector closed?"
+                    )
+                weights: WeightsSnapshot = fut.result(timeout=WEIGHTS_FETCH_TIMEOUT)
+            except TimeoutError as e:
+                raise DaskrlError(
+                    f"worker {self.worker_address} could not fetch weights version {version} "
+                    f"within {WEIGHTS_FETCH_TIMEOUT:.0f}s; was the collector closed?"
+                ) from e
+            load_weights(self.policy, weights)
+            self.version = version
+        return self.policy
+
+    def envset(self, stream: int) -> EnvSet:
+        if stream not in self.envsets:
+            self.envsets[stream] = EnvSet(
+                self.env, self.config.envs_per_worker, self.config.seed, stream
+            )
+        return self.envsets[stream]
+
+    def get_store(self) -> TrajectoryStore:
+        if self.store is None:
+            self.store = TrajectoryStore(self.store_url, self.storage_options, read_only=False)
+        return self.store
+
+
+def _seed_for(seed: int, batch_id: int) -> int:
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, 1, batch_id]).generate_state(1)[0])
+
+
+def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle:
+    """Run one batch on this worker, write it to the store, return its handle."""
+    worker = get_worker()
+    plugin: CollectorPlugin = worker.plugins[plugin_name]
+    cfg = plugin.config
+    with plugin._lock:
+        policy = plugin.ready_policy(task.weights_version, task.weights_key)
+        torch.manual_seed(_seed_for(cfg.seed, task.batch_id))
+        envset = plugin.envset(task.stream)
+        try:
+            arrays, stats = envset.collect(
+                policy,
+                plugin.device,
+                task.steps,
+                task.batch_id,  # type: ignore[arg-type]
+                random_steps=task.random_steps,
+                reset=cfg.reset_at_each_iter,
+            )
+        except EnvError as e:
+            # The envs' state is unknown now: the next task of this stream starts afresh.
+            plugin.envsets.pop(task.stream, None)
+            raise EnvError(
+                f"{e} [worker {worker.address}, weights version {task.weights_version}]"
+            ) from e
+    t0 = time.perf_counter()
+    handle = BatchHandle(
+        store=plugin.store_url,
+        batch_id=task.batch_id,
+        frames=task.steps * cfg.envs_per_worker,
+        weights_version=task.weights_version,
+        policy_lag=0,
+        worker=worker.address,
+        device=str(plugin.device),
+        episode_returns=stats["episode_returns"],
+        episode_lengths=stats["episode_lengths"],
+        path="",
+        shape=(task.steps, cfg.envs_per_worker),
+        rollout_seconds=stats["rollout_seconds"],
+    )
+    meta = handle.record()
+    path, committed = plugin.get_store().write_batch(task.batch_id, arrays, meta, cfg.compression)
+    store = plugin.get_store()
+    if not committed:  # another attempt of this batch won: hand back the committed one
+        return store.handle(task.batch_id)
+    return dataclasses.replace(handle, path=path, write_seconds=time.perf_counter() - t0)
