@@ -1,0 +1,64 @@
+"""Ready-made policies: what the CLI collects with when no policy is given, and a baseline."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from .errors import ConfigError
+
+__all__ = ["MLPPolicy"]
+
+
+class MLPPolicy(nn.Module):
+    """A stochastic MLP policy for flat ``Box`` observations and ``Discrete``/``Box`` actions.
+
+    Returns ``{"action", "log_prob"}``: a categorical sample for ``Discrete`` actions, a
+    Gaussian sample around ``tanh``-scaled means for ``Box`` actions (the env clips to bounds).
+    """
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 hidden: tuple[int, ...] = (64, 64)) -> None:
+        super().__init__()
+        if not isinstance(observation_space, spaces.Box):
+            raise ConfigError(f"MLPPolicy needs a Box observation space, got {observation_space!r}.")
+        n_in = int(np.prod(observation_space.shape))
+        if isinstance(action_space, spaces.Discrete):
+            n_out = int(action_space.n)
+            self.discrete = True
+        elif isinstance(action_space, spaces.Box):
+            n_out = int(np.prod(action_space.shape))
+            self.discrete = False
+        else:
+            raise ConfigError(f"MLPPolicy needs a Discrete or Box action space, got {action_space!r}.")
+        layers: list[nn.Module] = []
+        for h in hidden:
+            layers += [nn.Linear(n_in, h), nn.Tanh()]
+            n_in = h
+        layers.append(nn.Linear(n_in, n_out))
+        self.net = nn.Sequential(*layers)
+        self.action_shape = tuple(action_space.shape or ())
+        if not self.discrete:
+            low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)  # type: ignore[attr-defined]
+            high = torch.as_tensor(action_space.high, dtype=torch.float32).reshape(-1)  # type: ignore[attr-defined]
+            self.register_buffer("center", (high + low) / 2)
+            self.register_buffer("scale", (high - low) / 2)
+            self.log_std = nn.Parameter(torch.full((n_out,), math.log(0.5)))
+        self.start = int(getattr(action_space, "start", 0))
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        x = self.net(obs.flatten(1).float())
+        if self.discrete:
+            dist = torch.distributions.Categorical(logits=x)
+            action = dist.sample()
+            return {"action": action + self.start, "log_prob": dist.log_prob(action)}
+        mean = torch.tanh(x) * self.scale + self.center
+        dist = torch.distributions.Normal(mean, self.log_std.exp() * self.scale)
+        action = dist.sample()
+        log_prob = dist.log_prob(action).sum(-1)
+        return {"action": action.reshape(-1, *self.action_shape), "log_prob": log_prob}
