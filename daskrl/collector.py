@@ -23,7 +23,7 @@ from .handles import BatchHandle
 from .rollout import check_action, split_policy_output
 from .store import BATCH_IDS_PER_RUN, TrajectoryStore
 from .weights import PolicyLike, WeightsSnapshot, policy_spec, resolve_policy, snapshot
-from .worker import BatchTask, CollectorPlugin, collect_batch
+from .worker import IN_PROCESS_WEIGHTS, BatchTask, CollectorPlugin, collect_batch
 
 __all__ = ["Collector"]
 
@@ -134,7 +134,7 @@ class Collector:
         self._policy_spec = policy_spec(module, factory)
         self._store = TrajectoryStore(store, storage_options, read_only=False)
         self._store.initialize()
-        self.run = self._store.register_run({"env": self.env_spec.name, **self.config.as_dict()})
+        self.run = self._store.register_run({"env": self.env_spec.label, **self.config.as_dict()})
 
         # 2. The cluster.
         self._own_cluster: LocalCluster | None = None
@@ -197,6 +197,7 @@ class Collector:
         self._frames_submitted = 0
         self._next_index = 0
         self._next_stream = 0
+        self._stream_last: dict[int, int] = {}  # stream -> id of its latest submitted batch
         self._exhausted = False
         self._frames = 0
         self._batches = 0
@@ -238,12 +239,15 @@ class Collector:
     def _publish(self, snap: WeightsSnapshot) -> Future:
         # A list, so scatter makes one future of the whole snapshot; published under a name
         # so that a worker fetches it only when its cached version differs.
+        name = self._weights_name(snap.version)
+        IN_PROCESS_WEIGHTS[name] = snap
         [future] = self.client.scatter([snap], hash=False)
-        self.client.publish_dataset(future, name=self._weights_name(snap.version), override=True)
+        self.client.publish_dataset(future, name=name, override=True)
         return future
 
     def _unpublish(self, version: int) -> None:
         fut = self._weights.pop(version)
+        IN_PROCESS_WEIGHTS.pop(self._weights_name(version), None)
         try:
             self.client.unpublish_dataset(self._weights_name(version))
         except KeyError:
@@ -286,12 +290,14 @@ class Collector:
         task = BatchTask(
             batch_id=batch_id,
             stream=stream,
+            previous_batch_id=self._stream_last.get(stream),
             steps=steps,
             random_steps=self.config.random_steps(self._frames_submitted, steps),
             weights_version=self._version,
             weights_key=self._weights_key(),
         )
         self._next_index += 1
+        self._stream_last[stream] = batch_id
         self._frames_submitted += frames
         fut = self.client.submit(
             collect_batch,
@@ -340,7 +346,7 @@ class Collector:
         from distributed import as_completed
 
         first = [f for f in (self._submit_next(s) for s in range(self.num_streams)) if f]
-        ac = as_completed(first)
+        ac = as_completed(first, loop=self.client.loop)
         for fut in ac:
             stream = self._pending[fut].stream
             handle = self._hand_over(fut)

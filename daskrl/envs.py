@@ -55,12 +55,18 @@ class EnvSpec:
             )
 
     @property
-    def name(self) -> str:
-        """The id, or the factory's qualified name: how errors name the env."""
+    def label(self) -> str:
+        """The id, or the factory's qualified name."""
         if isinstance(self.env, str):
-            return repr(self.env)
-        qual = getattr(self.env, "__qualname__", None) or type(self.env).__name__
-        return f"factory {getattr(self.env, '__module__', '?')}.{qual}"
+            return self.env
+        func = getattr(self.env, "func", self.env)  # see through functools.partial
+        qual = getattr(func, "__qualname__", None) or type(func).__name__
+        return f"{getattr(func, '__module__', '?')}.{qual}"
+
+    @property
+    def name(self) -> str:
+        """How errors name the env: ``'CartPole-v1'`` or ``factory module.make_env``."""
+        return repr(self.env) if isinstance(self.env, str) else f"factory {self.label}"
 
     def make(self) -> gym.Env:
         """Build one environment (raises :class:`EnvError` naming the env)."""

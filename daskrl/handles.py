@@ -66,7 +66,7 @@ class BatchHandle:
     def record(self) -> dict[str, Any]:
         """Plain-JSON metadata, as stored in the batch's commit record."""
         d = dataclasses.asdict(self)
-        for k in ("store", "policy_lag"):
+        for k in ("store", "policy_lag", "write_seconds"):
             d.pop(k)
         d["episode_returns"] = list(self.episode_returns)
         d["episode_lengths"] = list(self.episode_lengths)

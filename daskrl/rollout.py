@@ -81,23 +81,41 @@ def check_action(action: torch.Tensor, space: gym.Space, n_envs: int, env_name: 
             )
 
 
-def _extra_to_numpy(t: torch.Tensor) -> np.ndarray:
+RESERVED_KEYS = frozenset({"observation", "next_observation", "action", "reward", "terminated",
+                           "truncated", "episode_id", "step"})
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU numpy array of a policy output; bfloat16 (no numpy dtype) becomes float32."""
     t = t.detach()
-    if t.dtype in (torch.bfloat16, torch.float16):
+    if t.dtype == torch.bfloat16:
         t = t.float()
     return t.cpu().numpy()
+
+
+def _check_extra_name(name: str) -> None:
+    if name in RESERVED_KEYS or not name.isidentifier():
+        raise PolicyError(
+            f"the policy returned an extra output named {name!r}; extra outputs are stored "
+            f"under their own names, which must be identifiers other than {sorted(RESERVED_KEYS)}."
+            " Rename it."
+        )
 
 
 class EnvSet:
     """``E`` environments of one collection stream, with their episode bookkeeping."""
 
-    def __init__(self, spec: EnvSpec, n_envs: int, seed: int, stream: int) -> None:
+    def __init__(self, spec: EnvSpec, n_envs: int, seed: int, stream: int,
+                 restart: int | None = None) -> None:
         self.spec = spec
         self.n_envs = n_envs
         self.envs: list[gym.Env] = [spec.make() for _ in range(n_envs)]
         self.obs_space = self.envs[0].observation_space
         self.act_space = self.envs[0].action_space
-        seeds = np.random.SeedSequence([seed, stream]).spawn(n_envs)
+        # A stream's envs seed from (seed, stream); envs rebuilt mid-stream (``restart``: the
+        # batch id they were rebuilt for) get a stream of their own, so no episode repeats.
+        key = [seed, stream] if restart is None else [seed, stream, restart]
+        seeds = np.random.SeedSequence(key).spawn(n_envs)
         self._seeds = [int(s.generate_state(1)[0]) for s in seeds]
         for env, s in zip(self.envs, self._seeds):
             env.action_space.seed(s)
@@ -107,6 +125,8 @@ class EnvSet:
         self.episode_step = np.zeros(n_envs, np.int64)
         self.episode_return = np.zeros(n_envs, np.float64)
         self._first_reset = True
+        self.last_batch_id: int | None = None
+        """The batch this env set collected last (its envs continue from there)."""
 
     def close(self) -> None:
         """Close every env."""
@@ -166,11 +186,12 @@ class EnvSet:
                 )
             if t == 0:
                 check_action(action_t, self.act_space, E, self.spec.name)
-            action = action_t.detach().cpu().numpy()
+            action = _to_numpy(action_t)
             if t == 0:
                 out["action"] = np.empty((steps, *action.shape), action.dtype)
                 for k, v in extra_t.items():
-                    v_np = _extra_to_numpy(v)
+                    _check_extra_name(k)
+                    v_np = _to_numpy(v)
                     if v_np.shape[:1] != (E,):
                         raise PolicyError(
                             f"policy output {k!r} has shape {tuple(v.shape)}; per-step outputs "
@@ -178,7 +199,7 @@ class EnvSet:
                         )
                     extras[k] = np.empty((steps, *v_np.shape), v_np.dtype)
             for k, v in extra_t.items():
-                extras[k][t] = _extra_to_numpy(v)
+                extras[k][t] = _to_numpy(v)
             if t < random_steps:
                 action = (
                     np.stack([env.action_space.sample() for env in self.envs])
@@ -213,6 +234,7 @@ class EnvSet:
                     self.obs[i] = nobs
         elapsed = time.perf_counter() - t0
         self._check_finite(out, batch_id)
+        self.last_batch_id = batch_id
         out.update(extras)
         stats = {
             "episode_returns": tuple(returns),

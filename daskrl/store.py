@@ -116,7 +116,10 @@ class TrajectoryStore:
 
     # -- low level ---------------------------------------------------------------------------
     def _get_json(self, key: str) -> dict[str, Any] | None:
-        buf = sync(self._zstore.get(key, prototype=default_buffer_prototype()))
+        try:
+            buf = sync(self._zstore.get(key, prototype=default_buffer_prototype()))
+        except FileNotFoundError:  # a read-only LocalStore whose root does not exist
+            return None
         return None if buf is None else json.loads(buf.to_bytes())
 
     def _create_exclusive(self, key: str, doc: Mapping[str, Any]) -> bool:
@@ -205,7 +208,8 @@ class TrajectoryStore:
         """
         path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}"
         codecs = _codecs(compression)
-        group = zarr.create_group(self._zstore, path=path, attributes=dict(meta), overwrite=True)
+        meta = {**meta, "batch_id": batch_id, "path": path}
+        group = zarr.create_group(self._zstore, path=path, attributes=meta, overwrite=True)
         for name, arr in arrays.items():
             a = group.create_array(
                 name,
@@ -217,7 +221,7 @@ class TrajectoryStore:
                 dimension_names=("time", "env", *[None] * (arr.ndim - 2)),
             )
             a[...] = arr
-        record = _group_doc({**meta, "batch_id": batch_id, "path": path})
+        record = _group_doc(meta)
         committed = self._create_exclusive(f"commits/{batch_id:012d}/zarr.json", record)
         if not committed:
             self._delete_prefix(path)

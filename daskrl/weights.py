@@ -202,18 +202,18 @@ def policy_spec(
     import cloudpickle
 
     _, aliases = _named_tensors(module)
-    if factory is not None:
-        structure = None
-    else:
-        memo: dict[int, Any] = {}
-        for t in list(module.parameters()) + list(module.buffers()):
-            meta = torch.empty_like(t, device="meta")
-            if isinstance(t, torch.nn.Parameter):
-                meta = torch.nn.Parameter(meta, requires_grad=t.requires_grad)
-            memo[id(t)] = meta
-        structure = copy.deepcopy(module, memo)
-    spec = PolicySpec(structure, factory, tuple(aliases.items()))
     try:
+        if factory is not None:
+            structure = None
+        else:
+            memo: dict[int, Any] = {}
+            for t in list(module.parameters()) + list(module.buffers()):
+                meta = torch.empty_like(t, device="meta")
+                if isinstance(t, torch.nn.Parameter):
+                    meta = torch.nn.Parameter(meta, requires_grad=t.requires_grad)
+                memo[id(t)] = meta
+            structure = copy.deepcopy(module, memo)
+        spec = PolicySpec(structure, factory, tuple(aliases.items()))
         cloudpickle.dumps(spec)
     except Exception as e:
         what = "policy factory" if factory is not None else f"policy {type(module).__name__}"

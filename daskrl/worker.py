@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 WEIGHTS_FETCH_TIMEOUT = 120.0
 
+IN_PROCESS_WEIGHTS: dict[str, WeightsSnapshot] = {}
+"""Published weights by name, for workers that share the learner's process (``processes=False``):
+they read the learner's snapshot in place. (Futures of in-process clusters are not serialized,
+so a worker's client cannot resolve the published one.)"""
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchTask:
@@ -40,6 +45,8 @@ class BatchTask:
 
     batch_id: int
     stream: int
+    previous_batch_id: int | None
+    """The stream's batch before this one: its envs continue from there."""
     steps: int
     random_steps: int
     weights_version: int
@@ -75,6 +82,7 @@ class CollectorPlugin(WorkerPlugin):
         self.device: torch.device | None = None
         self.policy: torch.nn.Module | None = None
         self.version = -1
+        self.weight_loads = 0  # fetches of a new version: one per version on this worker
         self.envsets: dict[int, EnvSet] = {}
         self.store: TrajectoryStore | None = None
         self.worker_name = "?"
@@ -112,31 +120,46 @@ class CollectorPlugin(WorkerPlugin):
         if self.policy is None:
             self.policy = self.policy_spec.build(self.device)
         if self.version != version:
-            try:
-                # A published dataset: the scheduler registers this worker's client as wanting
-                # the key, and the data comes straight from the worker holding it.
-                fut: Future = get_client().get_dataset(key, default=None)
-                if fut is None:
-                    raise DaskrlError(
-                        f"worker {self.worker_address}: weights version {version} ({key!r}) is "
-                        "no longer published; was the collector closed?"
-                    )
-                weights: WeightsSnapshot = fut.result(timeout=WEIGHTS_FETCH_TIMEOUT)
-            except TimeoutError as e:
-                raise DaskrlError(
-                    f"worker {self.worker_address} could not fetch weights version {version} "
-                    f"within {WEIGHTS_FETCH_TIMEOUT:.0f}s; was the collector closed?"
-                ) from e
+            weights = IN_PROCESS_WEIGHTS.get(key) or self._fetch_weights(version, key)
             load_weights(self.policy, weights)
             self.version = version
+            self.weight_loads += 1
         return self.policy
 
-    def envset(self, stream: int) -> EnvSet:
-        if stream not in self.envsets:
-            self.envsets[stream] = EnvSet(
-                self.env, self.config.envs_per_worker, self.config.seed, stream
-            )
-        return self.envsets[stream]
+    def _fetch_weights(self, version: int, key: str) -> WeightsSnapshot:
+        try:
+            # A published dataset: the scheduler registers this worker's client as wanting the
+            # key, and the data comes straight from the worker holding it.
+            fut: Future = get_client().get_dataset(key, default=None)
+            if fut is None:
+                raise DaskrlError(
+                    f"worker {self.worker_address}: weights version {version} ({key!r}) is no "
+                    "longer published; was the collector closed?"
+                )
+            return fut.result(timeout=WEIGHTS_FETCH_TIMEOUT)
+        except TimeoutError as e:
+            raise DaskrlError(
+                f"worker {self.worker_address} could not fetch weights version {version} "
+                f"within {WEIGHTS_FETCH_TIMEOUT:.0f}s; was the collector closed?"
+            ) from e
+
+    def envset(self, task: BatchTask) -> EnvSet:
+        """The stream's envs, continuing from its previous batch where this worker has them.
+
+        Envs left behind by a batch that is not the stream's previous one (the stream ran
+        elsewhere meanwhile) are stale: they are replaced, seeded from this batch's id so that
+        no episode is repeated.
+        """
+        envset = self.envsets.get(task.stream)
+        if envset is not None and envset.last_batch_id != task.previous_batch_id:
+            envset.close()
+            envset = None
+        if envset is None:
+            restart = None if task.previous_batch_id is None else task.batch_id
+            envset = EnvSet(self.env, self.config.envs_per_worker, self.config.seed,
+                            task.stream, restart)
+            self.envsets[task.stream] = envset
+        return envset
 
     def get_store(self) -> TrajectoryStore:
         if self.store is None:
@@ -158,7 +181,7 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle:
     with plugin._lock:
         policy = plugin.ready_policy(task.weights_version, task.weights_key)
         torch.manual_seed(_seed_for(cfg.seed, task.batch_id))
-        envset = plugin.envset(task.stream)
+        envset = plugin.envset(task)
         try:
             arrays, stats = envset.collect(
                 policy,

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import logging
+
+import gymnasium as gym
+import pytest
+from distributed import Client, LocalCluster
+
+from daskrl.policies import MLPPolicy
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Two spawn-started worker processes, one thread each, shared by the session's tests."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None, silence_logs=logging.ERROR) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(cluster):
+    with Client(cluster, set_as_default=False) as client:
+        yield client
+        # Each test leaves the shared cluster as it found it.
+        assert not client.list_datasets(), client.list_datasets()
+
+
+@pytest.fixture
+def inproc_client():
+    """An in-process cluster (processes=False): workers share this process's memory."""
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                     dashboard_address=None, silence_logs=logging.ERROR) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        yield client
+
+
+@pytest.fixture
+def cartpole_policy():
+    env = gym.make("CartPole-v1")
+    return MLPPolicy(env.observation_space, env.action_space)

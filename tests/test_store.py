@@ -1,0 +1,144 @@
+"""The zarr store on a local directory and in memory://: commits, visibility, reading back."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import uuid
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+import daskrl
+from daskrl import BatchNotFoundError, StoreFormatError
+from daskrl.store import FORMAT_VERSION, TrajectoryStore
+
+
+def _arrays(T=4, E=2, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "observation": rng.standard_normal((T, E, 3)).astype(np.float32),
+        "reward": rng.standard_normal((T, E)).astype(np.float32),
+        "terminated": rng.random((T, E)) < 0.3,
+        "episode_id": np.arange(T * E, dtype=np.int64).reshape(T, E),
+    }
+
+
+def _meta(frames=8):
+    return {"frames": frames, "weights_version": 0, "worker": "w", "device": "cpu",
+            "episode_returns": [1.0], "episode_lengths": [3], "path": "", "shape": [4, 2]}
+
+
+@pytest.fixture(params=["local", "memory"])
+def url(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return f"memory://daskrl-test-{uuid.uuid4().hex}"
+
+
+def test_write_commit_and_read_back(url):
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    arrays = _arrays()
+    path, committed = w.write_batch(7, arrays, _meta())
+    assert committed
+    store = daskrl.open_store(url)
+    assert len(store) == 1 and store.frames == 8 and store.batch_ids() == [7]
+    batch = store.load(7)
+    for k, v in arrays.items():
+        assert batch[k].dtype == torch.from_numpy(v).dtype and np.array_equal(batch[k].numpy(), v)
+    handle = next(iter(store))
+    assert handle.batch_id == 7 and handle.path == path and handle.episode_returns == (1.0,)
+    assert np.array_equal(handle.load(keys=["reward"])["reward"].numpy(), arrays["reward"])
+    assert set(handle.load(device="cpu")) == set(arrays)
+
+
+def test_second_commit_of_same_batch_is_dropped(url):
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    first, ok1 = w.write_batch(1, _arrays(seed=1), _meta())
+    _, ok2 = w.write_batch(1, _arrays(seed=2), _meta())
+    assert ok1 and not ok2
+    store = daskrl.open_store(url)
+    assert len(store) == 1 and store.handle(1).path == first
+    assert np.array_equal(store.load(1)["observation"].numpy(), _arrays(seed=1)["observation"])
+
+
+def test_uncommitted_data_is_invisible(tmp_path):
+    url = str(tmp_path / "s")
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    # An attempt that died before its commit: data present, no commit record.
+    group = zarr.open_group(str(tmp_path / "s"), mode="a").require_group("batches/000000000003-dead")
+    group.create_array("reward", data=np.ones((2, 2), np.float32))
+    store = daskrl.open_store(url)
+    assert len(store) == 0
+    with pytest.raises(BatchNotFoundError, match=re.escape("no committed batch 3")):
+        store.load(3)
+
+
+def test_handles_are_small_and_carry_no_credentials():
+    url = f"memory://daskrl-test-{uuid.uuid4().hex}"
+    w = TrajectoryStore(url, {"secret_token": "SECRET"}, read_only=False)
+    w.initialize()
+    meta = _meta() | {"episode_returns": [float(i) for i in range(200)],
+                      "episode_lengths": list(range(200))}
+    w.write_batch(0, _arrays(), meta)
+    handle = daskrl.open_store(url, {"secret_token": "SECRET"}).handle(0)
+    data = pickle.dumps(handle)
+    assert len(data) < 4096 and b"SECRET" not in data
+    assert handle.load(keys=["reward"])["reward"].shape == (4, 2)  # options found in-process
+
+
+def test_store_holds_no_pickle_and_is_plain_zarr_v3(tmp_path):
+    url = str(tmp_path / "s")
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    w.write_batch(0, _arrays(), _meta())
+    for f in (tmp_path / "s").rglob("zarr.json"):
+        doc = json.loads(f.read_text())
+        assert doc["zarr_format"] == 3
+    root = zarr.open_group(url, mode="r")
+    assert root.attrs["daskrl"]["format_version"] == FORMAT_VERSION
+    codecs = root["batches"][next(iter(root["batches"].group_keys()))]["reward"].metadata.codecs
+    assert any(c.__class__.__name__ == "Crc32cCodec" for c in codecs)
+
+
+def test_reader_refuses_other_stores_and_newer_major_versions(tmp_path):
+    with pytest.raises(StoreFormatError, match="no daskrl store"):
+        daskrl.open_store(str(tmp_path / "nothing"))
+    zarr.open_group(str(tmp_path / "plain"), mode="w")
+    with pytest.raises(StoreFormatError, match="not a daskrl store"):
+        daskrl.open_store(str(tmp_path / "plain"))
+    w = TrajectoryStore(str(tmp_path / "new"), read_only=False)
+    w.initialize()
+    doc = json.loads((tmp_path / "new" / "zarr.json").read_text())
+    doc["attributes"]["daskrl"]["format_version"] = "2.0"
+    (tmp_path / "new" / "zarr.json").write_text(json.dumps(doc))
+    with pytest.raises(StoreFormatError, match=re.escape("format version '2.0'; this daskrl reads version 1.x. Upgrade daskrl.")):
+        daskrl.open_store(str(tmp_path / "new"))
+
+
+def test_runs_get_distinct_numbers(tmp_path):
+    w = TrajectoryStore(str(tmp_path / "s"), read_only=False)
+    w.initialize()
+    assert [w.register_run({}) for _ in range(3)] == [0, 1, 2]
+    assert TrajectoryStore(str(tmp_path / "s"), read_only=False).register_run({}) == 3
+
+
+def test_chunk_corruption_is_detected_on_read(tmp_path):
+    url = str(tmp_path / "s")
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    path, _ = w.write_batch(0, _arrays(), _meta(), compression="none")
+    chunk = next((tmp_path / "s" / path / "observation" / "c").rglob("*"))
+    while chunk.is_dir():
+        chunk = next(chunk.iterdir())
+    raw = bytearray(chunk.read_bytes())
+    raw[5] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(daskrl.StoreError, match="array 'observation' of batch"):
+        daskrl.open_store(url).load(0)
