@@ -161,7 +161,6 @@ class EnvSet:
             self._first_reset = False
             self._needs_reset = False
         obs_shape = self.obs.shape[1:]
-        act_dtype = space_dtype(self.act_space)
         out: dict[str, np.ndarray] = {
             "observation": np.empty((steps, E, *obs_shape), self.obs.dtype),
             "next_observation": np.empty((steps, E, *obs_shape), self.obs.dtype),
@@ -174,7 +173,6 @@ class EnvSet:
         extras: dict[str, np.ndarray] = {}
         returns: list[float] = []
         lengths: list[int] = []
-        is_box = isinstance(self.act_space, spaces.Box)
         t0 = time.perf_counter()
         for t in range(steps):
             out["observation"][t] = self.obs
@@ -207,31 +205,30 @@ class EnvSet:
                     .reshape(action.shape)
                 )
             out["action"][t] = action
+            env_actions = self._env_actions(action)
+            next_obs = out["next_observation"][t]
+            rewards = [0.0] * E
+            terminated = [False] * E
+            truncated = [False] * E
             for i, env in enumerate(self.envs):
-                a = action[i]
-                if is_box:
-                    a = np.clip(a, self.act_space.low, self.act_space.high).astype(act_dtype)
-                elif isinstance(self.act_space, spaces.Discrete):
-                    a = int(a)
                 try:
-                    nobs, r, term, trunc, _ = env.step(a)
+                    nobs, rewards[i], terminated[i], truncated[i], _ = env.step(env_actions[i])
                 except Exception as e:
                     raise EnvError(
                         f"env {self.spec.name} (env index {i}) raised in step() at step "
                         f"{t} of batch {batch_id}: {e!r}"
                     ) from e
-                out["next_observation"][t, i] = nobs
-                out["reward"][t, i] = r
-                out["terminated"][t, i] = term
-                out["truncated"][t, i] = trunc
-                self.episode_return[i] += float(r)
-                self.episode_step[i] += 1
-                if term or trunc:
-                    returns.append(float(self.episode_return[i]))
-                    lengths.append(int(self.episode_step[i]))
-                    self._reset(i, batch_id, t + 1)
-                else:
-                    self.obs[i] = nobs
+                next_obs[i] = nobs
+            out["reward"][t] = rewards
+            out["terminated"][t] = terminated
+            out["truncated"][t] = truncated
+            self.episode_return += rewards  # float64 sums of the env's own rewards
+            self.episode_step += 1
+            self.obs[...] = next_obs
+            for i in np.flatnonzero(out["terminated"][t] | out["truncated"][t]):
+                returns.append(float(self.episode_return[i]))
+                lengths.append(int(self.episode_step[i]))
+                self._reset(int(i), batch_id, t + 1)
         elapsed = time.perf_counter() - t0
         self._check_finite(out, batch_id)
         self.last_batch_id = batch_id
@@ -242,6 +239,16 @@ class EnvSet:
             "rollout_seconds": elapsed,
         }
         return out, stats
+
+    def _env_actions(self, action: np.ndarray) -> list[Any]:
+        """Per-env actions for ``env.step``: Box clipped to bounds, Discrete as Python ints."""
+        space = self.act_space
+        if isinstance(space, spaces.Box):
+            clipped = np.clip(action, space.low, space.high).astype(space.dtype, copy=False)
+            return list(clipped)
+        if isinstance(space, spaces.Discrete):
+            return action.tolist()
+        return list(action.astype(space.dtype, copy=False))
 
     def _check_finite(self, out: dict[str, np.ndarray], batch_id: int) -> None:
         for key in ("next_observation", "reward"):

@@ -14,6 +14,7 @@ all, and a retried task's second commit of the same id is detected and dropped.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 import zarr
+import zarr.api.asynchronous
 import zarr.codecs
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
@@ -209,18 +211,24 @@ class TrajectoryStore:
         path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}"
         codecs = _codecs(compression)
         meta = {**meta, "batch_id": batch_id, "path": path}
-        group = zarr.create_group(self._zstore, path=path, attributes=meta, overwrite=True)
-        for name, arr in arrays.items():
-            a = group.create_array(
-                name,
-                shape=arr.shape,
-                dtype=arr.dtype,
-                chunks=_chunks(arr),
-                compressors=codecs,
-                fill_value=0,
-                dimension_names=("time", "env", *[None] * (arr.ndim - 2)),
+
+        async def write() -> None:
+            # All arrays at once: their metadata and chunk writes overlap on zarr's I/O loop.
+            group = await zarr.api.asynchronous.create_group(
+                store=self._zstore, path=path, attributes=meta, overwrite=True
             )
-            a[...] = arr
+
+            async def one(name: str, arr: np.ndarray) -> None:
+                a = await group.create_array(
+                    name, shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
+                    compressors=codecs, fill_value=0,
+                    dimension_names=("time", "env", *[None] * (arr.ndim - 2)),
+                )
+                await a.setitem(..., arr)
+
+            await asyncio.gather(*(one(name, arr) for name, arr in arrays.items()))
+
+        sync(write())
         record = _group_doc(meta)
         committed = self._create_exclusive(f"commits/{batch_id:012d}/zarr.json", record)
         if not committed:
