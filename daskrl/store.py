@@ -26,8 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 import zarr
-import zarr.api.asynchronous
-import zarr.codecs
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
@@ -35,6 +33,7 @@ from zarr.storage import FsspecStore, LocalStore
 from .config import Compression
 from .errors import BatchNotFoundError, StoreError, StoreFormatError
 from .handles import BatchHandle
+from .zarr_encode import encode_array, group_document
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "TrajectoryStore", "normalize_url", "open_store"]
 
@@ -42,7 +41,6 @@ FORMAT_NAME = "daskrl.trajectories"
 FORMAT_VERSION = "1.0"
 BATCH_IDS_PER_RUN = 1_000_000_000
 """Run ``r`` numbers its batches from ``r * BATCH_IDS_PER_RUN``."""
-CHUNK_BYTES = 8 << 20
 
 # storage_options by store URL, so handles (which carry no credentials) can load in this process.
 _OPTIONS: dict[str, dict[str, Any]] = {}
@@ -73,21 +71,6 @@ def _zarr_store(url: str, storage_options: Mapping[str, Any] | None, read_only: 
             f"cannot open store {url!r}: {e}. Install the fsspec backend for this protocol "
             "(e.g. pip install s3fs for s3://)."
         ) from e
-
-
-def _codecs(compression: Compression) -> list[Any]:
-    if compression == Compression.ZSTD:
-        comp: list[Any] = [zarr.codecs.ZstdCodec(level=1)]
-    elif compression == Compression.LZ4:
-        comp = [zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle")]
-    else:
-        comp = []
-    return [*comp, zarr.codecs.Crc32cCodec()]
-
-
-def _chunks(arr: np.ndarray) -> tuple[int, ...]:
-    row = max(1, arr[:1].nbytes)
-    return (max(1, min(arr.shape[0], CHUNK_BYTES // row)), *arr.shape[1:])
 
 
 def _json_bytes(doc: Mapping[str, Any]) -> Any:
@@ -209,26 +192,22 @@ class TrajectoryStore:
         batch id committed first (this attempt's data is then removed).
         """
         path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}"
-        codecs = _codecs(compression)
         meta = {**meta, "batch_id": batch_id, "path": path}
+        files = [(f"{path}/zarr.json", group_document(meta))]
+        for name, arr in arrays.items():
+            files.extend(encode_array(f"{path}/{name}", arr, Compression(compression)))
+        proto = default_buffer_prototype()
 
-        async def write() -> None:
-            # All arrays at once: their metadata and chunk writes overlap on zarr's I/O loop.
-            group = await zarr.api.asynchronous.create_group(
-                store=self._zstore, path=path, attributes=meta, overwrite=True
+        async def write_all() -> None:
+            # One concurrent burst: every file of the batch is in place before the commit.
+            await asyncio.gather(
+                *(self._zstore.set(key, proto.buffer.from_bytes(data)) for key, data in files)
             )
 
-            async def one(name: str, arr: np.ndarray) -> None:
-                a = await group.create_array(
-                    name, shape=arr.shape, dtype=arr.dtype, chunks=_chunks(arr),
-                    compressors=codecs, fill_value=0,
-                    dimension_names=("time", "env", *[None] * (arr.ndim - 2)),
-                )
-                await a.setitem(..., arr)
-
-            await asyncio.gather(*(one(name, arr) for name, arr in arrays.items()))
-
-        sync(write())
+        try:
+            sync(write_all())
+        except OSError as e:
+            raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}") from e
         record = _group_doc(meta)
         committed = self._create_exclusive(f"commits/{batch_id:012d}/zarr.json", record)
         if not committed:
