@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from distributed import Client, Future, LocalCluster
+from distributed import Client, Future, LocalCluster, as_completed
 
+from .cluster import local_cluster
 from .config import CollectorConfig, Compression, check_mapping
 from .devices import DeviceSetting, check_device_setting
 from .envs import EnvLike, EnvSpec, check_env_vars
@@ -157,17 +158,8 @@ class Collector:
 
     # -- start-up ------------------------------------------------------------------------------
     def _start_cluster(self) -> Client:
-        import os
-
-        n = self.config.num_workers or max(1, os.cpu_count() or 1)
         in_process = self._store.url.startswith("memory://")  # workers must share the memory
-        cluster = LocalCluster(
-            n_workers=n,
-            threads_per_worker=1,
-            processes=not in_process,
-            dashboard_address=None,
-            silence_logs=logging.WARNING,
-        )
+        cluster = local_cluster(self.config.num_workers, processes=not in_process)
         self._own_cluster = cluster
         return Client(cluster, set_as_default=False)
 
@@ -311,8 +303,9 @@ class Collector:
         self._pending[fut] = task
         return fut
 
-    def _hand_over(self, fut: Future) -> BatchHandle:
-        handle: BatchHandle = fut.result()
+    def _hand_over(self, fut: Future, handle: BatchHandle | None = None) -> BatchHandle:
+        if handle is None:
+            handle = fut.result()
         self._pending.pop(fut, None)
         handle = _with_lag(handle, self._version - handle.weights_version)
         self._frames += handle.frames
@@ -339,12 +332,16 @@ class Collector:
             round_ = [f for f in (self._submit_next(s) for s in range(self.num_streams)) if f]
             if not round_:
                 return
+            # Results are fetched as tasks finish, and handed over in batch order.
+            ac = as_completed(round_, loop=self.client.loop, with_results=True)
+            done: dict[Future, BatchHandle] = {}
             for fut in round_:
-                yield self._hand_over(fut)
+                while fut not in done:
+                    f, handle = next(ac)
+                    done[f] = handle
+                yield self._hand_over(fut, done.pop(fut))
 
     def _iter_async(self) -> Iterator[BatchHandle]:
-        from distributed import as_completed
-
         first = [f for f in (self._submit_next(s) for s in range(self.num_streams)) if f]
         ac = as_completed(first, loop=self.client.loop)
         for fut in ac:

@@ -86,7 +86,12 @@ RESERVED_KEYS = frozenset({"observation", "next_observation", "action", "reward"
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU numpy array of a policy output; bfloat16 (no numpy dtype) becomes float32."""
+    """A CPU numpy array of a policy output; bfloat16 (no numpy dtype) becomes float32.
+
+    It may share memory with ``t``: callers copy it into their buffers at once.
+    """
+    if t.is_cpu and t.dtype != torch.bfloat16 and not t.requires_grad:
+        return t.numpy()
     t = t.detach()
     if t.dtype == torch.bfloat16:
         t = t.float()
@@ -173,15 +178,19 @@ class EnvSet:
         extras: dict[str, np.ndarray] = {}
         returns: list[float] = []
         lengths: list[int] = []
+        obs_buf, id_buf, step_buf = out["observation"], out["episode_id"], out["step"]
+        on_cpu = device.type == "cpu"
+        no_grad = torch.inference_mode()
         t0 = time.perf_counter()
         for t in range(steps):
-            out["observation"][t] = self.obs
-            out["episode_id"][t] = self.episode_id
-            out["step"][t] = self.episode_step
-            with torch.inference_mode():
-                action_t, extra_t = split_policy_output(
-                    policy(torch.as_tensor(self.obs, device=device))
-                )
+            obs_buf[t] = self.obs
+            id_buf[t] = self.episode_id
+            step_buf[t] = self.episode_step
+            # On CPU the policy reads the observation in place (it is not changed until the
+            # policy has returned); elsewhere it is copied to the device.
+            obs_t = torch.from_numpy(self.obs) if on_cpu else torch.as_tensor(self.obs, device=device)
+            with no_grad:
+                action_t, extra_t = split_policy_output(policy(obs_t))
             if t == 0:
                 check_action(action_t, self.act_space, E, self.spec.name)
             action = _to_numpy(action_t)

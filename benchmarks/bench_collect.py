@@ -1,0 +1,203 @@
+"""Collection throughput of daskrl against a no-framework ceiling, on the same workload.
+
+For each env (CartPole-v1, Pendulum-v1 by default) and each worker count N (1 and 2), with
+8 envs per worker, ``MLPPolicy(hidden=(64, 64))`` and ``--batches-per-worker`` batches of
+4096 frames per worker:
+
+* ceiling: N spawned processes, each with a plain list of 8 envs stepped in a loop (same-step
+  autoreset, as daskrl does) and the policy under ``torch.inference_mode()``, copying every
+  step into preallocated numpy arrays. One torch/OMP thread each, like a Dask nanny worker.
+  Envs and policy are built before a barrier; frames/s = all frames / slowest process's time.
+* daskrl: ``daskrl.Collector`` on the embedded cluster's set-up
+  (``daskrl.cluster.local_cluster(N)``: N one-thread workers) started beforehand; one warm-up run (2 batches per worker), then the timed run: from just
+  before iterating to the last handle (batches are written to a temporary zarr store, never
+  loaded). The cluster is reused for both envs at a given N.
+
+Run:  python benchmarks/bench_collect.py [--batches-per-worker 16] [--repeats 1] [--json out.json]
+
+On a small or shared machine the numbers are noisy (N=2 on 2 cores also shares the cores with
+the scheduler and this process); use ``--repeats 3`` to keep the fastest of three timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import tempfile
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+from distributed import Client
+
+from daskrl import Collector
+from daskrl.cluster import local_cluster
+from daskrl.policies import MLPPolicy
+
+ENVS_PER_WORKER = 8
+FRAMES_PER_BATCH = 4096
+HIDDEN = (64, 64)
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results) -> None:
+    """One process of the ceiling: build, wait on the barrier, then time ``steps`` steps."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    E = ENVS_PER_WORKER
+    envs = [gym.make(env_id) for _ in range(E)]
+    obs_space, act_space = envs[0].observation_space, envs[0].action_space
+    policy = MLPPolicy(obs_space, act_space, hidden=HIDDEN)
+    discrete = isinstance(act_space, gym.spaces.Discrete)
+    obs = np.stack([env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)])
+    buf = {
+        "observation": np.empty((steps, *obs.shape), obs.dtype),
+        "next_observation": np.empty((steps, *obs.shape), obs.dtype),
+        "action": np.empty((steps, E, *act_space.shape), np.int64 if discrete else np.float32),
+        "log_prob": np.empty((steps, E), np.float32),
+        "reward": np.empty((steps, E), np.float32),
+        "terminated": np.empty((steps, E), np.bool_),
+        "truncated": np.empty((steps, E), np.bool_),
+    }
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in range(steps):
+        buf["observation"][t] = obs
+        with torch.inference_mode():
+            out = policy(torch.as_tensor(obs))
+        action = out["action"].numpy()
+        buf["action"][t] = action
+        buf["log_prob"][t] = out["log_prob"].numpy()
+        for i, env in enumerate(envs):
+            nobs, r, term, trunc, _ = env.step(int(action[i]) if discrete else action[i])
+            buf["next_observation"][t, i] = nobs
+            buf["reward"][t, i] = r
+            buf["terminated"][t, i] = term
+            buf["truncated"][t, i] = trunc
+            obs[i] = env.reset()[0] if term or trunc else nobs
+    results.put(time.perf_counter() - t0)
+
+
+def run_ceiling(env_id: str, n: int, steps: int) -> float:
+    """Frames/s of ``n`` ceiling processes running at once."""
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    saved = {k: os.environ.get(k) for k in THREAD_VARS}
+    os.environ.update(dict.fromkeys(THREAD_VARS, "1"))  # inherited by the spawned children
+    try:
+        procs = [
+            ctx.Process(target=ceiling_loop, args=(env_id, steps, s, barrier, results))
+            for s in range(n)
+        ]
+        for p in procs:
+            p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    times = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise RuntimeError(f"ceiling process exited with {p.exitcode}")
+    return n * steps * ENVS_PER_WORKER / max(times)
+
+
+def run_daskrl(client: Client, env_id: str, n: int, batches: int, repeats: int,
+               sync: bool) -> dict:
+    """Warm up, then time collector runs of ``batches`` batches per worker; keep the fastest."""
+    env = gym.make(env_id)
+    policy = MLPPolicy(env.observation_space, env.action_space, hidden=HIDDEN)
+    env.close()
+    kw = dict(envs_per_worker=ENVS_PER_WORKER, frames_per_batch=FRAMES_PER_BATCH, num_workers=n,
+              sync=sync)
+    with tempfile.TemporaryDirectory(prefix="daskrl-bench-") as tmp:
+        warm = Collector(env_id, policy, f"{tmp}/warm", client=client,
+                         total_frames=2 * n * FRAMES_PER_BATCH, **kw)
+        with warm:
+            for _ in warm:
+                pass
+        runs = []
+        for r in range(repeats):
+            collector = Collector(env_id, policy, f"{tmp}/timed{r}", client=client,
+                                  total_frames=batches * n * FRAMES_PER_BATCH, **kw)
+            with collector:
+                t0 = time.perf_counter()
+                handles = list(collector)
+                runs.append((time.perf_counter() - t0, handles))
+    wall, handles = min(runs, key=lambda run: run[0])
+    frames = sum(h.frames for h in handles)
+    rollout = sum(h.rollout_seconds for h in handles)
+    write = sum(h.write_seconds for h in handles)
+    return {
+        "fps": frames / wall,
+        "wall_s": wall,
+        "batches": len(handles),
+        "rollout_s_per_batch": rollout / len(handles),
+        "write_s_per_batch": write / len(handles),
+        # wall time per batch on one worker not spent in rollout or write: scheduling, pickling...
+        "other_s_per_batch": wall * n / len(handles) - (rollout + write) / len(handles),
+        "rollout_fps_per_worker": frames / rollout,
+    }
+
+
+def print_table(header: list[str], rows: list[list]) -> None:
+    cells = [header] + [[f"{c:,.0f}" if isinstance(c, float) and c >= 100 else
+                         f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for j, r in enumerate(cells):
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Pendulum-v1"])
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--batches-per-worker", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="time each measurement this many times and keep the fastest")
+    parser.add_argument("--json", metavar="PATH", help="also write the results here")
+    args = parser.parse_args()
+    steps = args.batches_per_worker * FRAMES_PER_BATCH // ENVS_PER_WORKER
+
+    print(f"cpu count: {os.cpu_count()}; {ENVS_PER_WORKER} envs/worker, "
+          f"{args.batches_per_worker} x {FRAMES_PER_BATCH} frames/worker, MLP {HIDDEN}")
+    results = []
+    for n in args.workers:
+        ceilings = {e: max(run_ceiling(e, n, steps) for _ in range(args.repeats))
+                    for e in args.envs}
+        with local_cluster(n) as cluster, Client(cluster) as client:
+            for env_id in args.envs:
+                sync = run_daskrl(client, env_id, n, args.batches_per_worker, args.repeats, True)
+                asyn = run_daskrl(client, env_id, n, args.batches_per_worker, args.repeats, False)
+                results.append({"env": env_id, "workers": n, "ceiling_fps": ceilings[env_id],
+                                "sync": sync, "async": asyn})
+                print(f"  done {env_id} N={n}: ceiling {ceilings[env_id]:,.0f}, daskrl "
+                      f"sync {sync['fps']:,.0f}, async {asyn['fps']:,.0f} frames/s", flush=True)
+
+    print()
+    print_table(["env", "workers", "ceiling frames/s", "daskrl sync", "sync/ceiling",
+                 "daskrl async", "async/ceiling"],
+                [[r["env"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
+                  f"{r['sync']['fps'] / r['ceiling_fps']:.2f}", r["async"]["fps"],
+                  f"{r['async']['fps'] / r['ceiling_fps']:.2f}"] for r in results])
+    print("\ndaskrl time per batch (seconds, per worker):")
+    print_table(["env", "workers", "mode", "rollout", "write", "other", "rollout frames/s/worker"],
+                [[r["env"], r["workers"], mode, r[mode]["rollout_s_per_batch"],
+                  r[mode]["write_s_per_batch"], r[mode]["other_s_per_batch"],
+                  r[mode]["rollout_fps_per_worker"]] for r in results for mode in ("sync", "async")])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu_count": os.cpu_count(), "batches_per_worker": args.batches_per_worker,
+                       "repeats": args.repeats, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
