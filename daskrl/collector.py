@@ -106,6 +106,7 @@ class Collector:
         env_vars: Mapping[str, Any] | None = None,
         seed: int = 0,
         num_workers: int | None = None,
+        batches_in_flight: int = 2,
         compression: Compression | str = Compression.ZSTD,
     ) -> None:
         self._closed = True  # until fully started, close() has nothing to do
@@ -120,6 +121,7 @@ class Collector:
             sync=sync,
             seed=seed,
             num_workers=num_workers,
+            batches_in_flight=batches_in_flight,
             compression=compression,  # type: ignore[arg-type]
         )
         if frames_per_batch >= 1 << 24:
@@ -342,11 +344,12 @@ class Collector:
                 yield self._hand_over(fut, done.pop(fut))
 
     def _iter_async(self) -> Iterator[BatchHandle]:
-        first = [f for f in (self._submit_next(s) for s in range(self.num_streams)) if f]
-        ac = as_completed(first, loop=self.client.loop)
-        for fut in ac:
+        first = [self._submit_next(s) for _ in range(self.config.batches_in_flight)
+                 for s in range(self.num_streams)]
+        ac = as_completed([f for f in first if f], loop=self.client.loop, with_results=True)
+        for fut, result in ac:
             stream = self._pending[fut].stream
-            handle = self._hand_over(fut)
+            handle = self._hand_over(fut, result)
             nxt = self._submit_next(stream)
             if nxt is not None:
                 ac.add(nxt)

@@ -54,6 +54,10 @@ class CollectorConfig:
     """Root of every env's and policy's random stream."""
     num_workers: int | None = None
     """Batches collected in parallel (default: the cluster's worker count)."""
+    batches_in_flight: int = 2
+    """``sync=False``: batches queued or running per stream. Two keep a worker busy while the
+    learner takes the previous handle; it also bounds what the store and memory hold ahead of
+    a slow learner (backpressure)."""
     compression: Compression = Compression.ZSTD
     """Compressor for the stored chunks."""
 
@@ -64,6 +68,7 @@ class CollectorConfig:
         _positive_int("max_frames_per_traj", self.max_frames_per_traj, allow_none=True)
         _positive_int("init_random_frames", self.init_random_frames, minimum=0)
         _positive_int("num_workers", self.num_workers, allow_none=True)
+        _positive_int("batches_in_flight", self.batches_in_flight)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}.")
         e = self.envs_per_worker
