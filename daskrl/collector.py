@@ -24,7 +24,13 @@ from .handles import BatchHandle
 from .rollout import check_action, split_policy_output
 from .store import BATCH_IDS_PER_RUN, TrajectoryStore
 from .weights import PolicyLike, WeightsSnapshot, policy_spec, resolve_policy, snapshot
-from .worker import IN_PROCESS_WEIGHTS, BatchTask, CollectorPlugin, collect_batch
+from .worker import (
+    IN_PROCESS_WEIGHTS,
+    BatchTask,
+    CollectorPlugin,
+    collect_batch,
+    preload_weights,
+)
 
 __all__ = ["Collector"]
 
@@ -197,14 +203,18 @@ class Collector:
         self._batches = 0
         self._episodes: list[float] = []
         self._started = time.perf_counter()
-        self.update_weights(module)
+        # Every worker builds the policy, picks its device and loads version 0 now, so a bad
+        # device, policy or weights path fails here rather than in the first batch.
+        self.update_weights(module, wait=True)
 
     # -- weights -------------------------------------------------------------------------------
-    def update_weights(self, policy: torch.nn.Module) -> int:
+    def update_weights(self, policy: torch.nn.Module, *, wait: bool = False) -> int:
         """Publish ``policy``'s current weights as a new version; return its number.
 
         The weights are copied now, so the learner may change them in place right after.
-        Batches submitted from now on use this version.
+        Batches submitted from now on use this version. Each worker fetches a version once,
+        when its first batch on that version starts; ``wait=True`` instead pushes it to every
+        worker now and returns once all have verified and loaded it.
         """
         self._check_open()
         if not isinstance(policy, torch.nn.Module):
@@ -215,17 +225,30 @@ class Collector:
         snap = snapshot(policy, version)
         if self._snapshots:
             previous = self._snapshots[max(self._snapshots)]
-            if previous.names != snap.names or previous.dtypes != snap.dtypes:
+            if _layout(previous) != _layout(snap):
                 raise PolicyError(
                     "update_weights got a policy whose parameters/buffers differ from the one "
-                    "the collector started with (names or dtypes changed). Make a new Collector "
-                    "for a new architecture."
+                    "the collector started with (names, dtypes or shapes changed). Make a new "
+                    "Collector for a new architecture."
                 )
         self._weights[version] = self._publish(snap)
         self._snapshots = {version: snap}
         self._version = version
         self._release_old_weights()
+        if wait:
+            self._preload(version)
         return version
+
+    def _preload(self, version: int) -> None:
+        key = self._weights_key()
+        workers = list(self.client.scheduler_info()["workers"])
+        futures = [
+            self.client.submit(preload_weights, self._plugin_name, version, key,
+                               key=f"daskrl-preload-{self._id}-{version}-{w}", workers=[w],
+                               pure=False)
+            for w in workers
+        ]
+        self.client.gather(futures)
 
     def _weights_name(self, version: int) -> str:
         return f"{self._plugin_name}-weights-v{version}"
@@ -414,6 +437,10 @@ class Collector:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _layout(snap: WeightsSnapshot) -> tuple[Any, ...]:
+    return snap.names, snap.dtypes, tuple(a.shape for a in snap.arrays)
 
 
 def _with_lag(handle: BatchHandle, lag: int) -> BatchHandle:

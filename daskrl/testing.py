@@ -14,7 +14,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-__all__ = ["ConstantPolicy", "CountingEnv", "EnvVarEnv", "TagPolicy"]
+__all__ = ["ConstantPolicy", "CountingEnv", "EnvVarEnv", "TagPolicy", "worker_weights"]
 
 
 class CountingEnv(gym.Env):
@@ -99,3 +99,23 @@ class EnvVarEnv(CountingEnv):
 
 
 gym.register("Counting-v0", entry_point=CountingEnv, max_episode_steps=None)
+
+
+def worker_weights(client: Any, collector: Any) -> dict[str, dict[str, bytes]]:
+    """The raw bytes of every parameter/buffer each worker's policy holds now, by worker.
+
+    For checking, bit for bit, what workers loaded against what the learner sent.
+    """
+    name = collector._plugin_name
+
+    def read(dask_worker: Any) -> dict[str, bytes]:
+        policy = dask_worker.plugins[name].policy
+        tensors = dict(policy.named_parameters()) | dict(policy.named_buffers())
+        return {k: _raw_bytes(t) for k, t in tensors.items()}
+
+    return client.run(read)
+
+
+def _raw_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy().tobytes()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickletools
 from collections.abc import Callable
 from typing import Any
 
@@ -214,7 +215,7 @@ def policy_spec(
                 memo[id(t)] = meta
             structure = copy.deepcopy(module, memo)
         spec = PolicySpec(structure, factory, tuple(aliases.items()))
-        cloudpickle.dumps(spec)
+        payload = cloudpickle.dumps(spec)
     except Exception as e:
         what = "policy factory" if factory is not None else f"policy {type(module).__name__}"
         raise PolicyError(
@@ -222,7 +223,28 @@ def policy_spec(
             "Pass a zero-argument factory that builds the module instead, e.g. "
             "policy=functools.partial(MyPolicy, hidden=64), defined in an importable module."
         ) from e
+    leaked = _tensor_data_in(payload)
+    if leaked:
+        raise PolicyError(
+            f"the policy {type(module).__name__} holds tensor data outside its parameters and "
+            f"buffers (its pickle rebuilds {sorted(leaked)}), which would travel pickled to "
+            "workers, device memory included. Register such tensors with register_buffer() "
+            "(they then travel as checked numpy weights), or pass a factory."
+        )
     return spec
+
+
+_TENSOR_DATA_MARKERS = ("_rebuild_tensor", "rebuild_cuda", "rebuild_storage", "torch.storage",
+                        "_share_", "rebuild_device_tensor", "rebuild_typed_storage")
+
+
+def _tensor_data_in(payload: bytes) -> set[str]:
+    """Names in a pickle stream that rebuild tensor *data* (storages), device or shared."""
+    found = set()
+    for _, arg, _ in pickletools.genops(payload):
+        if isinstance(arg, str) and any(m in arg for m in _TENSOR_DATA_MARKERS):
+            found.add(arg)
+    return found
 
 
 def load_weights(module: torch.nn.Module, weights: WeightsSnapshot) -> None:

@@ -167,6 +167,14 @@ class CollectorPlugin(WorkerPlugin):
         return self.store
 
 
+def preload_weights(plugin_name: str, version: int, key: str) -> str:
+    """Fetch, verify and load weights ``version`` on this worker now; return its device."""
+    plugin: CollectorPlugin = get_worker().plugins[plugin_name]
+    with plugin._lock:
+        plugin.ready_policy(version, key)
+    return str(plugin.device)
+
+
 def _seed_for(seed: int, batch_id: int) -> int:
     import numpy as np
 

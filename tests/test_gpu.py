@@ -1,0 +1,36 @@
+"""The same guarantees on CUDA: run where a GPU exists (skipped elsewhere by conftest)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import daskrl
+from daskrl.testing import TagPolicy, worker_weights
+from daskrl.weights import load_weights, policy_spec, snapshot
+
+pytestmark = pytest.mark.gpu
+
+
+def test_weights_from_a_cuda_learner_load_bit_exact_onto_cuda():
+    src = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.BatchNorm1d(7)).cuda()
+    src[0].weight.data = src[0].weight.data.to(torch.bfloat16).float()  # exercise rounding paths
+    snap = snapshot(src, 3)
+    dst = policy_spec(src, None).build("cuda")
+    load_weights(dst, snap)
+    for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert a.device.type == b.device.type == "cuda"
+        assert torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)), name
+
+
+def test_collect_on_cuda_workers(client, tmp_path):
+    policy = TagPolicy().cuda()
+    with daskrl.Collector("daskrl.testing:Counting-v0", policy, str(tmp_path / "s"),
+                          client=client, device="cuda", envs_per_worker=2, frames_per_batch=10,
+                          total_frames=40) as collector:
+        handles = list(collector)
+        assert {h.device.split(":")[0] for h in handles} == {"cuda"}
+        loaded = worker_weights(client, collector)
+        assert all(w["tag"] == policy.tag.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+                   for w in loaded.values())
+        assert handles[0].load(device="cuda")["observation"].is_cuda
