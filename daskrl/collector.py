@@ -191,7 +191,8 @@ class Collector:
         self._stream_workers = [workers[s % len(workers)] for s in range(self.num_streams)]
         self._version = -1
         self._weights: dict[int, Future] = {}
-        self._snapshots: dict[int, WeightsSnapshot] = {}
+        self._snapshots: dict[int, WeightsSnapshot] = {}  # every published version
+        self._spare: WeightsSnapshot | None = None  # arrays of a released version, to reuse
         self._pending: dict[Future, BatchTask] = {}
         self._schedule = self.config.batch_frames()
         self._frames_submitted = 0
@@ -222,7 +223,8 @@ class Collector:
                 f"update_weights expects a torch.nn.Module, got {type(policy).__name__}."
             )
         version = self._version + 1
-        snap = snapshot(policy, version)
+        snap = snapshot(policy, version, reuse=self._spare)
+        self._spare = None
         if self._snapshots:
             previous = self._snapshots[max(self._snapshots)]
             if _layout(previous) != _layout(snap):
@@ -232,7 +234,7 @@ class Collector:
                     "Collector for a new architecture."
                 )
         self._weights[version] = self._publish(snap)
-        self._snapshots = {version: snap}
+        self._snapshots[version] = snap
         self._version = version
         self._release_old_weights()
         if wait:
@@ -240,10 +242,10 @@ class Collector:
         return version
 
     def _preload(self, version: int) -> None:
-        key = self._weights_key()
+        name, key = self._weights_key()
         workers = list(self.client.scheduler_info()["workers"])
         futures = [
-            self.client.submit(preload_weights, self._plugin_name, version, key,
+            self.client.submit(preload_weights, self._plugin_name, version, name, key,
                                key=f"daskrl-preload-{self._id}-{version}-{w}", workers=[w],
                                pure=False)
             for w in workers
@@ -254,16 +256,19 @@ class Collector:
         return f"{self._plugin_name}-weights-v{version}"
 
     def _publish(self, snap: WeightsSnapshot) -> Future:
-        # A list, so scatter makes one future of the whole snapshot; published under a name
-        # so that a worker fetches it only when its cached version differs.
+        # A list, so scatter makes one future of the whole snapshot. Broadcast: every worker
+        # gets its copy now, to load from its own memory; published under a name so that a
+        # worker without a copy (a replacement, or after the active memory manager dropped
+        # extra replicas) fetches it when its cached version differs.
         name = self._weights_name(snap.version)
         IN_PROCESS_WEIGHTS[name] = snap
-        [future] = self.client.scatter([snap], hash=False)
+        [future] = self.client.scatter([snap], hash=False, broadcast=True)
         self.client.publish_dataset(future, name=name, override=True)
         return future
 
     def _unpublish(self, version: int) -> None:
         fut = self._weights.pop(version)
+        self._spare = self._snapshots.pop(version, None)
         IN_PROCESS_WEIGHTS.pop(self._weights_name(version), None)
         try:
             self.client.unpublish_dataset(self._weights_name(version))
@@ -281,14 +286,15 @@ class Collector:
         for v in [v for v in self._weights if v not in in_use]:
             self._unpublish(v)
 
-    def _weights_key(self) -> str:
+    def _weights_key(self) -> tuple[str, str]:
+        """``(published name, data key)`` of the newest version, scattered again if lost."""
         fut = self._weights[self._version]
         if fut.status in ("lost", "error", "cancelled"):
             logger.warning(
                 "weights version %d was lost with its worker; scattering it again", self._version
             )
-            self._weights[self._version] = self._publish(self._snapshots[self._version])
-        return self._weights_name(self._version)
+            fut = self._weights[self._version] = self._publish(self._snapshots[self._version])
+        return self._weights_name(self._version), str(fut.key)
 
     # -- scheduling ----------------------------------------------------------------------------
     def _submit_next(self, stream: int | None = None) -> Future | None:
@@ -311,7 +317,7 @@ class Collector:
             steps=steps,
             random_steps=self.config.random_steps(self._frames_submitted, steps),
             weights_version=self._version,
-            weights_key=self._weights_key(),
+            weights=self._weights_key(),
         )
         self._next_index += 1
         self._stream_last[stream] = batch_id

@@ -45,8 +45,12 @@ def _crc(arr: np.ndarray) -> int:
     return int(google_crc32c.value(view))
 
 
-def _tensor_to_numpy(name: str, t: torch.Tensor) -> np.ndarray:
-    """A contiguous CPU numpy copy of ``t`` that shares no memory with it."""
+def _tensor_to_numpy(name: str, t: torch.Tensor, out: np.ndarray | None = None) -> np.ndarray:
+    """A contiguous CPU numpy copy of ``t`` that shares no memory with it.
+
+    ``out``, when given and of the right size and dtype, receives the copy (no new memory:
+    fresh 100 MB allocations cost more in page faults than the copy itself).
+    """
     if t.is_quantized or t.is_sparse or t.layout != torch.strided:
         raise PolicyError(
             f"tensor {name!r} has layout {t.layout} (quantized={t.is_quantized}); daskrl ships "
@@ -55,6 +59,13 @@ def _tensor_to_numpy(name: str, t: torch.Tensor) -> np.ndarray:
     if t.device.type == "meta":
         raise PolicyError(f"tensor {name!r} is on the 'meta' device and holds no data.")
     t = t.detach().resolve_conj().resolve_neg()
+    if out is not None:
+        dst = torch.from_numpy(out)
+        if dst.dtype != t.dtype:
+            dst = dst.view(t.dtype)
+        if dst.shape == t.shape:
+            dst.copy_(t)
+            return out
     if t.device.type == "cpu":
         c = t.clone(memory_format=torch.contiguous_format)
     else:
@@ -123,15 +134,21 @@ class WeightsSnapshot:
         return out
 
 
-def snapshot(module: torch.nn.Module, version: int) -> WeightsSnapshot:
+def snapshot(module: torch.nn.Module, version: int,
+             reuse: WeightsSnapshot | None = None) -> WeightsSnapshot:
     """Copy ``module``'s parameters and buffers into a new :class:`WeightsSnapshot`.
 
-    The copy is taken now: later in-place changes to the module do not reach it.
+    The copy is taken now: later in-place changes to the module do not reach it. ``reuse``
+    lends the arrays of a snapshot nobody reads any more (overwritten, not reallocated).
     """
     tensors, _ = _named_tensors(module)
+    spare = {}
+    if reuse is not None:
+        spare = {n: a for n, d, a in zip(reuse.names, reuse.dtypes, reuse.arrays)
+                 if d == str(tensors[n].dtype)} if set(reuse.names) <= set(tensors) else {}
     names, dtypes, arrays, sums = [], [], [], []
     for name, t in tensors.items():
-        arr = _tensor_to_numpy(name, t)
+        arr = _tensor_to_numpy(name, t, spare.get(name))
         names.append(name)
         dtypes.append(str(t.dtype))
         arrays.append(arr)

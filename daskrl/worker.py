@@ -50,7 +50,8 @@ class BatchTask:
     steps: int
     random_steps: int
     weights_version: int
-    weights_key: str
+    weights: tuple[str, str]
+    """``(published name, data key)`` of the weights version."""
 
 
 class CollectorPlugin(WorkerPlugin):
@@ -113,14 +114,20 @@ class CollectorPlugin(WorkerPlugin):
         self._reset_state()
 
     # -- state used by tasks -----------------------------------------------------------------
-    def ready_policy(self, version: int, key: str) -> torch.nn.Module:
-        """The policy with weights ``version`` on this worker's device (fetched on change)."""
+    def ready_policy(self, version: int, name: str, key: str) -> torch.nn.Module:
+        """The policy with weights ``version`` on this worker's device (loaded on change).
+
+        The weights come from this worker's own memory when the broadcast put a copy here,
+        else from the published dataset ``name``.
+        """
         if self.device is None:
             self.device = resolve_device(self.device_setting, self.worker_name, self.worker_address)
         if self.policy is None:
             self.policy = self.policy_spec.build(self.device)
         if self.version != version:
-            weights = IN_PROCESS_WEIGHTS.get(key) or self._fetch_weights(version, key)
+            weights = IN_PROCESS_WEIGHTS.get(name) or _local_data(key)
+            if weights is None:
+                weights = self._fetch_weights(version, name)
             load_weights(self.policy, weights)
             self.version = version
             self.weight_loads += 1
@@ -167,11 +174,18 @@ class CollectorPlugin(WorkerPlugin):
         return self.store
 
 
-def preload_weights(plugin_name: str, version: int, key: str) -> str:
+def _local_data(key: str) -> WeightsSnapshot | None:
+    try:
+        return get_worker().data.get(key)
+    except Exception:  # spilled and unreadable, or a worker without this mapping
+        return None
+
+
+def preload_weights(plugin_name: str, version: int, name: str, key: str) -> str:
     """Fetch, verify and load weights ``version`` on this worker now; return its device."""
     plugin: CollectorPlugin = get_worker().plugins[plugin_name]
     with plugin._lock:
-        plugin.ready_policy(version, key)
+        plugin.ready_policy(version, name, key)
     return str(plugin.device)
 
 
@@ -187,7 +201,7 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle:
     plugin: CollectorPlugin = worker.plugins[plugin_name]
     cfg = plugin.config
     with plugin._lock:
-        policy = plugin.ready_policy(task.weights_version, task.weights_key)
+        policy = plugin.ready_policy(task.weights_version, *task.weights)
         torch.manual_seed(_seed_for(cfg.seed, task.batch_id))
         envset = plugin.envset(task)
         try:

@@ -132,3 +132,18 @@ def test_shape_change_is_reported():
     built = policy_spec(nn.Linear(3, 2), None).build("cpu")
     with pytest.raises(PolicyError, match=re.escape("tensor 'weight' is (4, 3)")):
         load_weights(built, snapshot(nn.Linear(3, 4), 1))
+
+
+def test_snapshot_reuses_released_arrays_without_mixing_versions():
+    m = Mixed()
+    old = snapshot(m, 0)
+    with torch.no_grad():
+        m.bf.add_(1)
+        m.view.mul_(2)
+    expected = snapshot(m, 1)
+    new = snapshot(m, 1, reuse=old)
+    assert all(np.shares_memory(a, b) for a, b in zip(new.arrays, old.arrays))
+    assert new.checksums == expected.checksums
+    for a, b in zip(new.arrays, expected.arrays):
+        assert a.tobytes() == b.tobytes()
+    new.verify()
