@@ -75,11 +75,14 @@ def main() -> None:
     copy_s = best(copy_once, args.repeats)
     save_s = best(torch_save_once, args.repeats)
     snap_s = best(lambda: snapshot(policy, 0), args.repeats)
-    with local_cluster(args.workers) as cluster, Client(cluster) as client, \
-            tempfile.TemporaryDirectory() as tmp:
-        with Collector("daskrl.testing:Counting-v0", policy, tmp, client=client,
-                       envs_per_worker=1, frames_per_batch=1, total_frames=None) as collector:
-            daskrl_s = best(lambda: collector.update_weights(policy, wait=True), args.repeats)
+    with (
+        local_cluster(args.workers) as cluster,
+        Client(cluster) as client,
+        tempfile.TemporaryDirectory() as tmp,
+        Collector("daskrl.testing:Counting-v0", policy, tmp, client=client, envs_per_worker=1,
+                  frames_per_batch=1, total_frames=None) as collector,
+    ):
+        daskrl_s = best(lambda: collector.update_weights(policy, wait=True), args.repeats)
 
     n = args.workers
     print(f"state: {nbytes / 2**20:.0f} MiB float32, {n} workers, best of {args.repeats}")

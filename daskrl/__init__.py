@@ -10,6 +10,7 @@ from .collector import Collector
 from .config import CollectorConfig, Compression
 from .errors import (
     BatchNotFoundError,
+    BatchTimeoutError,
     CollectorClosedError,
     ConfigError,
     DaskrlError,
@@ -29,6 +30,7 @@ __all__ = [
     # data
     "BatchHandle",
     "BatchNotFoundError",
+    "BatchTimeoutError",
     # collecting
     "Collector",
     "CollectorClosedError",

@@ -19,7 +19,7 @@ from .cluster import local_cluster
 from .config import CollectorConfig, Compression, check_mapping
 from .devices import DeviceSetting, check_device_setting
 from .envs import EnvLike, EnvSpec, check_env_vars
-from .errors import CollectorClosedError, ConfigError, PolicyError
+from .errors import CollectorClosedError, ConfigError, DaskrlError, PolicyError
 from .handles import BatchHandle
 from .rollout import check_action, split_policy_output
 from .store import BATCH_IDS_PER_RUN, TrajectoryStore
@@ -113,6 +113,10 @@ class Collector:
         seed: int = 0,
         num_workers: int | None = None,
         batches_in_flight: int = 2,
+        lost_workers_timeout: float = 60.0,
+        batch_timeout: float | None = None,
+        on_env_error: str = "raise",
+        max_env_restarts: int = 3,
         compression: Compression | str = Compression.ZSTD,
     ) -> None:
         self._closed = True  # until fully started, close() has nothing to do
@@ -128,11 +132,20 @@ class Collector:
             seed=seed,
             num_workers=num_workers,
             batches_in_flight=batches_in_flight,
+            batch_timeout=batch_timeout,
+            on_env_error=on_env_error,
+            max_env_restarts=max_env_restarts,
             compression=compression,  # type: ignore[arg-type]
         )
         if frames_per_batch >= 1 << 24:
             raise ConfigError(f"frames_per_batch must be below {1 << 24}, got {frames_per_batch}.")
         self._device = check_device_setting(device)
+        if not isinstance(lost_workers_timeout, (int, float)) or lost_workers_timeout <= 0:
+            raise ConfigError(
+                f"lost_workers_timeout must be a positive number of seconds, got "
+                f"{lost_workers_timeout!r}."
+            )
+        self.lost_workers_timeout = float(lost_workers_timeout)
         self._env_vars = check_env_vars(check_mapping("env_vars", env_vars))
         self.env_spec = EnvSpec(env, check_mapping("env_kwargs", env_kwargs), max_frames_per_traj)
         self.observation_space, self.action_space = self.env_spec.probe()
@@ -155,8 +168,11 @@ class Collector:
         self._id = uuid.uuid4().hex[:10]
         self._plugin_name = f"daskrl-{self._id}"
         self._closed = False
+        self._weights: dict[int, Future] = {}  # published versions still in use
+        self._pending: dict[Future, BatchTask] = {}  # submitted, not yet handed over
         self._finalizer = weakref.finalize(
-            self, Collector._cleanup, self.client, self._own_cluster, self._plugin_name
+            self, Collector._cleanup, self.client, self._own_cluster, self._plugin_name,
+            self._pending, self._weights,
         )
         try:
             self._start(module)
@@ -190,10 +206,11 @@ class Collector:
         self.num_streams = self.config.num_workers or len(workers)
         self._stream_workers = [workers[s % len(workers)] for s in range(self.num_streams)]
         self._version = -1
-        self._weights: dict[int, Future] = {}
         self._snapshots: dict[int, WeightsSnapshot] = {}  # every published version
         self._spare: WeightsSnapshot | None = None  # arrays of a released version, to reuse
-        self._pending: dict[Future, BatchTask] = {}
+        self._placement: dict[Future, tuple[str, int]] = {}  # worker pinned to, attempt
+        self._live: set[str] = set(workers)
+        self._live_checked = time.monotonic()
         self._schedule = self.config.batch_frames()
         self._frames_submitted = 0
         self._next_index = 0
@@ -288,12 +305,9 @@ class Collector:
 
     def _weights_key(self) -> tuple[str, str]:
         """``(published name, data key)`` of the newest version, scattered again if lost."""
+        if self._live_workers():
+            self._republish_lost_weights()
         fut = self._weights[self._version]
-        if fut.status in ("lost", "error", "cancelled"):
-            logger.warning(
-                "weights version %d was lost with its worker; scattering it again", self._version
-            )
-            fut = self._weights[self._version] = self._publish(self._snapshots[self._version])
         return self._weights_name(self._version), str(fut.key)
 
     # -- scheduling ----------------------------------------------------------------------------
@@ -322,22 +336,46 @@ class Collector:
         self._next_index += 1
         self._stream_last[stream] = batch_id
         self._frames_submitted += frames
+        return self._dispatch(task)
+
+    def _dispatch(self, task: BatchTask, attempt: int = 0) -> Future:
+        """Submit ``task`` to its stream's worker (loosely: Dask may run it elsewhere)."""
+        suffix = f"-r{attempt}" if attempt else ""
+        worker = self._stream_worker(task.stream)
         fut = self.client.submit(
             collect_batch,
             self._plugin_name,
             task,
-            key=f"daskrl-collect-{self._id}-{batch_id}",
-            workers=[self._stream_workers[stream]],
+            key=f"daskrl-collect-{self._id}-{task.batch_id}{suffix}",
+            workers=[worker],
             allow_other_workers=True,
             pure=False,
         )
         self._pending[fut] = task
+        self._placement[fut] = (worker, attempt)
         return fut
 
-    def _hand_over(self, fut: Future, handle: BatchHandle | None = None) -> BatchHandle:
-        if handle is None:
-            handle = fut.result()
-        self._pending.pop(fut, None)
+    def _live_workers(self, refresh: bool = False) -> set[str]:
+        now = time.monotonic()
+        if refresh or now - self._live_checked > 1.0:
+            self._live = set(self.client.scheduler_info().get("workers", {}))
+            self._live_checked = now
+        return self._live
+
+    def _stream_worker(self, stream: int) -> str:
+        """The worker a stream's batches go to: its envs live there. A stream whose worker
+        left moves to the live worker with the fewest streams."""
+        live = self._live_workers()
+        current = self._stream_workers[stream]
+        if live and current not in live:
+            load = dict.fromkeys(live, 0)
+            for s, w in enumerate(self._stream_workers):
+                if w in load and s != stream:
+                    load[w] += 1
+            self._stream_workers[stream] = min(live, key=lambda w: (load[w], w))
+        return self._stream_workers[stream]
+
+    def _hand_over(self, task: BatchTask, handle: BatchHandle) -> BatchHandle:
         handle = _with_lag(handle, self._version - handle.weights_version)
         self._frames += handle.frames
         self._batches += 1
@@ -352,11 +390,18 @@ class Collector:
             raise CollectorClosedError(
                 f"total_frames={self.config.total_frames} are all submitted; no batch is left."
             )
+        # The caller owns this future: it is neither re-dispatched nor awaited by an iterator.
+        self._placement.pop(fut, None)
+        fut.add_done_callback(lambda f: self._pending.pop(f, None))
         return fut
 
     def __iter__(self) -> Iterator[BatchHandle]:
         self._check_open()
         return self._iter_sync() if self.config.sync else self._iter_async()
+
+    def _as_completed(self, futures: list[Future]) -> as_completed:
+        return as_completed(futures, loop=self.client.loop, with_results=True,
+                            raise_errors=False)
 
     def _iter_sync(self) -> Iterator[BatchHandle]:
         while True:
@@ -364,25 +409,85 @@ class Collector:
             if not round_:
                 return
             # Results are fetched as tasks finish, and handed over in batch order.
-            ac = as_completed(round_, loop=self.client.loop, with_results=True)
-            done: dict[Future, BatchHandle] = {}
-            for fut in round_:
-                while fut not in done:
-                    f, handle = next(ac)
-                    done[f] = handle
-                yield self._hand_over(fut, done.pop(fut))
+            order = [self._pending[f].batch_id for f in round_]
+            ac = self._as_completed(round_)
+            done: dict[int, tuple[BatchTask, BatchHandle]] = {}
+            for batch_id in order:
+                while batch_id not in done:
+                    task, handle = self._next_done(ac)
+                    done[task.batch_id] = (task, handle)
+                yield self._hand_over(*done.pop(batch_id))
 
     def _iter_async(self) -> Iterator[BatchHandle]:
         first = [self._submit_next(s) for _ in range(self.config.batches_in_flight)
                  for s in range(self.num_streams)]
-        ac = as_completed([f for f in first if f], loop=self.client.loop, with_results=True)
-        for fut, result in ac:
-            stream = self._pending[fut].stream
-            handle = self._hand_over(fut, result)
-            nxt = self._submit_next(stream)
+        ac = self._as_completed([f for f in first if f])
+        while not ac.is_empty():
+            task, handle = self._next_done(ac)
+            nxt = self._submit_next(task.stream)
             if nxt is not None:
                 ac.add(nxt)
-            yield handle
+            yield self._hand_over(task, handle)
+
+    def _next_done(self, ac: as_completed) -> tuple[BatchTask, BatchHandle]:
+        """The next finished batch, keeping the collection healthy meanwhile: lost weights are
+        scattered again, batches stranded on a departed worker are sent elsewhere, and a
+        cluster without workers for ``lost_workers_timeout`` seconds is an error."""
+        no_workers_since: float | None = None
+        while True:
+            if ac.is_empty():
+                raise RuntimeError("daskrl internal error: waiting with no batch in flight")
+            if ac.has_ready():
+                fut, result = next(ac)
+                task = self._pending.pop(fut, None)
+                self._placement.pop(fut, None)
+                if task is None:  # a replaced attempt
+                    continue
+                if fut.status != "finished":
+                    fut.result()  # raises the worker's error, with its traceback
+                return task, result
+            live = self._live_workers(refresh=True)
+            if live:
+                no_workers_since = None
+            elif no_workers_since is None:
+                no_workers_since = time.monotonic()
+            elif time.monotonic() - no_workers_since > self.lost_workers_timeout:
+                raise DaskrlError(
+                    f"the cluster has had no workers for {self.lost_workers_timeout:.0f}s "
+                    f"({len(self._pending)} batches waiting). Start workers or check the "
+                    "cluster, then collect again (batches committed so far are in the store)."
+                )
+            if live:
+                self._republish_lost_weights()
+                self._redispatch_stranded(ac, live)
+            with ac.thread_condition:
+                ac.thread_condition.wait(timeout=0.25)
+
+    def _redispatch_stranded(self, ac: as_completed, live: set[str]) -> None:
+        """Resubmit waiting batches pinned to a worker that left. (Dask keeps a task whose
+        loose restriction names a departed worker unrunnable when no worker was alive at that
+        moment, even after new workers join.)"""
+        stranded = [f for f, (w, _) in self._placement.items() if w not in live and not f.done()]
+        if not stranded:
+            return
+        running = {k for keys in self.client.processing().values() for k in keys}
+        for fut in stranded:
+            if fut.key in running:
+                continue
+            task = self._pending.pop(fut)
+            _, attempt = self._placement.pop(fut)
+            fut.cancel()
+            logger.warning("batch %d was waiting for a departed worker; submitting it again",
+                           task.batch_id)
+            ac.add(self._dispatch(task, attempt + 1))
+
+    def _republish_lost_weights(self) -> None:
+        """Scattered data dies with its worker: scatter lost versions again from the learner."""
+        for version, fut in list(self._weights.items()):
+            if fut.status in ("lost", "cancelled", "error"):
+                logger.warning("weights version %d was lost with its worker(s); scattering it "
+                               "again", version)
+                self._weights[version] = self._publish(self._snapshots[version])
 
     # -- metrics -------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -417,23 +522,31 @@ class Collector:
                 self._finalizer()
             return
         self._closed = True
-        pending = list(getattr(self, "_pending", {}))
-        if pending:
-            self.client.cancel(pending)
         if self.client.status == "running":
-            for v in list(getattr(self, "_weights", {})):
+            for v in list(self._weights):
                 self._unpublish(v)
-        self._weights = {}
-        self._pending = {}
+        getattr(self, "_placement", {}).clear()
         self._finalizer()
 
     @staticmethod
-    def _cleanup(client: Client, cluster: LocalCluster | None, plugin_name: str) -> None:
+    def _cleanup(client: Client, cluster: LocalCluster | None, plugin_name: str,
+                 pending: dict[Future, Any], weights: dict[int, Future]) -> None:
+        """Release what a collector holds on the cluster (also run if it is garbage-collected)."""
         try:
             if client.status == "running":
+                if pending:
+                    client.cancel(list(pending))
+                    pending.clear()
+                for version in list(weights):
+                    IN_PROCESS_WEIGHTS.pop(f"{plugin_name}-weights-v{version}", None)
+                    try:
+                        client.unpublish_dataset(f"{plugin_name}-weights-v{version}")
+                    except KeyError:
+                        pass
+                    weights.pop(version).release()
                 client.unregister_worker_plugin(plugin_name)
         except Exception:  # the cluster may already be gone
-            logger.debug("could not unregister %s", plugin_name, exc_info=True)
+            logger.debug("could not release %s", plugin_name, exc_info=True)
         if cluster is not None:
             client.close()
             cluster.close()

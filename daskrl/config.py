@@ -60,6 +60,15 @@ class CollectorConfig:
     a slow learner (backpressure)."""
     compression: Compression = Compression.ZSTD
     """Compressor for the stored chunks."""
+    batch_timeout: float | None = None
+    """Seconds a batch may take on its worker; past it the batch is stopped (checked between
+    steps) and its partial data discarded. Dask has no task timeout of its own."""
+    on_env_error: str = "raise"
+    """``"raise"``: an env error ends collection with an error naming env, worker, step and
+    weights version. ``"restart"``: rebuild the stream's envs and collect the batch again (up
+    to ``max_env_restarts`` times; counted in ``BatchHandle.env_restarts``)."""
+    max_env_restarts: int = 3
+    """With ``on_env_error="restart"``: rebuilds allowed per batch before the error is raised."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
@@ -69,6 +78,20 @@ class CollectorConfig:
         _positive_int("init_random_frames", self.init_random_frames, minimum=0)
         _positive_int("num_workers", self.num_workers, allow_none=True)
         _positive_int("batches_in_flight", self.batches_in_flight)
+        _positive_int("max_env_restarts", self.max_env_restarts, minimum=0)
+        if self.batch_timeout is not None and (
+            isinstance(self.batch_timeout, bool)
+            or not isinstance(self.batch_timeout, (int, float))
+            or self.batch_timeout <= 0
+        ):
+            raise ConfigError(
+                f"batch_timeout must be a positive number of seconds or None, got "
+                f"{self.batch_timeout!r}."
+            )
+        if self.on_env_error not in ("raise", "restart"):
+            raise ConfigError(
+                f"on_env_error must be 'raise' or 'restart', got {self.on_env_error!r}."
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}.")
         e = self.envs_per_worker

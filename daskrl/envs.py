@@ -75,6 +75,16 @@ class EnvSpec:
                 env = gym.make(self.env, **dict(self.env_kwargs))
             else:
                 env = self.env()
+        except AssertionError as e:
+            if "daemonic" in str(e):
+                raise EnvError(
+                    f"env {self.name} starts sub-processes (e.g. gymnasium's AsyncVectorEnv), "
+                    "which a Dask worker process cannot do: its processes are daemonic. Return "
+                    "a single env (daskrl steps envs_per_worker of them per task), or run "
+                    "workers that may have children (dask config distributed.worker.daemon: "
+                    "False, or DASK_DISTRIBUTED__WORKER__DAEMON=False)."
+                ) from e
+            raise EnvError(f"could not make env {self.name}: AssertionError: {e}") from e
         except gym.error.Error as e:
             raise EnvError(
                 f"could not make env {self.name}: {e} Check the id (registered ids: "
@@ -82,6 +92,12 @@ class EnvSpec:
             ) from e
         except Exception as e:
             raise EnvError(f"could not make env {self.name}: {type(e).__name__}: {e}") from e
+        if isinstance(env, gym.vector.VectorEnv):
+            env.close()
+            raise EnvError(
+                f"env {self.name} built a vector env ({type(env).__name__}); return a single "
+                "gymnasium.Env: daskrl steps envs_per_worker of them together on each worker."
+            )
         if not isinstance(env, gym.Env):
             raise EnvError(
                 f"env {self.name} built a {type(env).__name__}, expected a gymnasium.Env."

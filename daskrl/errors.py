@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "BatchNotFoundError",
+    "BatchTimeoutError",
     "CollectorClosedError",
     "ConfigError",
     "DaskrlError",
@@ -30,6 +31,10 @@ class ConfigError(DaskrlError, ValueError):
 
 class EnvError(DaskrlError, RuntimeError):
     """An environment could not be built, or misbehaved while collecting."""
+
+
+class BatchTimeoutError(DaskrlError, TimeoutError):
+    """A batch ran past its ``batch_timeout``; it was stopped and its data discarded."""
 
 
 class PolicyError(DaskrlError, ValueError):

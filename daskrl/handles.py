@@ -41,6 +41,8 @@ class BatchHandle:
     """Time the worker spent stepping envs and the policy."""
     write_seconds: float = 0.0
     """Time the worker spent writing and committing the batch."""
+    env_restarts: int = 0
+    """Times the batch's envs were rebuilt after an env error (``on_env_error="restart"``)."""
 
     @property
     def fps(self) -> float:

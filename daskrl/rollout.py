@@ -9,6 +9,7 @@ episode end is the true final observation) together with per-env error attributi
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,12 +19,22 @@ import torch
 from gymnasium import spaces
 
 from .envs import EnvSpec, space_dtype
-from .errors import EnvError, PolicyError
+from .errors import BatchTimeoutError, EnvError, PolicyError
 
 __all__ = ["EPISODE_ID_STRIDE", "EnvSet", "check_action", "split_policy_output"]
 
+MAX_EPISODE_STEPS = 1_000_000
+"""An episode this long without an end is taken for an env that never ends one."""
+
 EPISODE_ID_STRIDE = 1 << 24
 """``episode_id = batch_id * EPISODE_ID_STRIDE + step * E + env``: of the batch it started in."""
+
+
+def _env_error(what: str, e: BaseException) -> EnvError:
+    """An :class:`EnvError` that carries the env's own traceback in its message: exception
+    chains do not survive pickling from a Dask worker."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
+    return EnvError(f"{what}: {e!r}\n--- the env's traceback, on the worker ---\n{tb}")
 
 
 def split_policy_output(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -111,7 +122,7 @@ class EnvSet:
     """``E`` environments of one collection stream, with their episode bookkeeping."""
 
     def __init__(self, spec: EnvSpec, n_envs: int, seed: int, stream: int,
-                 restart: int | None = None) -> None:
+                 restart: tuple[int, ...] = ()) -> None:
         self.spec = spec
         self.n_envs = n_envs
         self.envs: list[gym.Env] = [spec.make() for _ in range(n_envs)]
@@ -119,7 +130,7 @@ class EnvSet:
         self.act_space = self.envs[0].action_space
         # A stream's envs seed from (seed, stream); envs rebuilt mid-stream (``restart``: the
         # batch id they were rebuilt for) get a stream of their own, so no episode repeats.
-        key = [seed, stream] if restart is None else [seed, stream, restart]
+        key = [seed, stream, *restart]
         seeds = np.random.SeedSequence(key).spawn(n_envs)
         self._seeds = [int(s.generate_state(1)[0]) for s in seeds]
         for env, s in zip(self.envs, self._seeds):
@@ -143,7 +154,9 @@ class EnvSet:
         try:
             obs, _ = self.envs[i].reset(seed=seed)
         except Exception as e:
-            raise EnvError(f"env {self.spec.name} (env index {i}) raised in reset(): {e!r}") from e
+            raise _env_error(f"env {self.spec.name} (env index {i}) raised in reset() at "
+                             f"step {t} of batch {batch_id}", e) from e
+        self._check_obs(obs, i, t, batch_id, "reset()")
         self.obs[i] = obs
         self.episode_id[i] = batch_id * EPISODE_ID_STRIDE + t * self.n_envs + i
         self.episode_step[i] = 0
@@ -157,6 +170,7 @@ class EnvSet:
         batch_id: int,
         random_steps: int = 0,
         reset: bool = False,
+        batch_timeout: float | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Step every env ``steps`` times; return ``(arrays [T, E, ...], stats)``."""
         E = self.n_envs
@@ -180,6 +194,7 @@ class EnvSet:
         lengths: list[int] = []
         obs_buf, id_buf, step_buf = out["observation"], out["episode_id"], out["step"]
         on_cpu = device.type == "cpu"
+        deadline = None if batch_timeout is None else time.monotonic() + batch_timeout
         no_grad = torch.inference_mode()
         t0 = time.perf_counter()
         for t in range(steps):
@@ -223,10 +238,10 @@ class EnvSet:
                 try:
                     nobs, rewards[i], terminated[i], truncated[i], _ = env.step(env_actions[i])
                 except Exception as e:
-                    raise EnvError(
-                        f"env {self.spec.name} (env index {i}) raised in step() at step "
-                        f"{t} of batch {batch_id}: {e!r}"
-                    ) from e
+                    raise _env_error(f"env {self.spec.name} (env index {i}) raised in step() "
+                                     f"at step {t} of batch {batch_id}", e) from e
+                if getattr(nobs, "shape", None) != obs_shape or nobs.dtype.kind not in "biuf":
+                    self._check_obs(nobs, i, t, batch_id, "step()")
                 next_obs[i] = nobs
             out["reward"][t] = rewards
             out["terminated"][t] = terminated
@@ -238,6 +253,19 @@ class EnvSet:
                 returns.append(float(self.episode_return[i]))
                 lengths.append(int(self.episode_step[i]))
                 self._reset(int(i), batch_id, t + 1)
+            if deadline is not None and time.monotonic() > deadline:
+                raise BatchTimeoutError(
+                    f"batch {batch_id} ran past its deadline of {batch_timeout:g}s at step {t} of "
+                    f"{steps} (env {self.spec.name}); it was stopped and its partial data "
+                    "discarded. Raise batch_timeout or lower frames_per_batch."
+                )
+        if self.episode_step.max() >= MAX_EPISODE_STEPS:
+            i = int(self.episode_step.argmax())
+            raise EnvError(
+                f"env {self.spec.name} (env index {i}) has run an episode of "
+                f"{int(self.episode_step[i])} steps without terminating or truncating. Set "
+                "max_frames_per_traj to truncate long episodes."
+            )
         elapsed = time.perf_counter() - t0
         self._check_finite(out, batch_id)
         self.last_batch_id = batch_id
@@ -248,6 +276,17 @@ class EnvSet:
             "rollout_seconds": elapsed,
         }
         return out, stats
+
+    def _check_obs(self, obs: Any, i: int, t: int, batch_id: int, where: str) -> None:
+        expected = self.obs.shape[1:]
+        arr = np.asarray(obs)
+        if arr.shape != expected or arr.dtype.kind not in "biuf":
+            raise EnvError(
+                f"env {self.spec.name} (env index {i}) returned from {where} an observation of "
+                f"shape {arr.shape} and dtype {arr.dtype} at step {t} of batch {batch_id}; its "
+                f"observation space {self.obs_space!r} says shape {expected}, dtype "
+                f"{self.obs.dtype}. Fix the env or its observation_space."
+            )
 
     def _env_actions(self, action: np.ndarray) -> list[Any]:
         """Per-env actions for ``env.step``: Box clipped to bounds, Discrete as Python ints."""

@@ -14,7 +14,15 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-__all__ = ["ConstantPolicy", "CountingEnv", "EnvVarEnv", "TagPolicy", "worker_weights"]
+__all__ = [
+    "ConstantPolicy",
+    "CountingEnv",
+    "EnvVarEnv",
+    "FaultyEnv",
+    "SlowEnv",
+    "TagPolicy",
+    "worker_weights",
+]
 
 
 class CountingEnv(gym.Env):
@@ -119,3 +127,64 @@ def worker_weights(client: Any, collector: Any) -> dict[str, dict[str, bytes]]:
 def _raw_bytes(t: torch.Tensor) -> bytes:
     t = t.detach().cpu().contiguous().reshape(-1)
     return t.view(torch.uint8).numpy().tobytes()
+
+
+class SlowEnv(CountingEnv):
+    """A :class:`CountingEnv` whose ``step`` sleeps ``delay`` seconds (for fault tests)."""
+
+    def __init__(self, delay: float = 0.002, length: int = 7) -> None:
+        super().__init__(length)
+        self.delay = delay
+
+    def step(self, action: Any):
+        import time
+
+        time.sleep(self.delay)
+        return super().step(action)
+
+
+class FaultyEnv(CountingEnv):
+    """A :class:`CountingEnv` that misbehaves at its ``at``-th step (counted per process).
+
+    ``fault`` is one of ``"raise"``, ``"reset"`` (raise in the next reset), ``"nan"``,
+    ``"shape"``, ``"dtype"``, ``"hang"`` (sleep ``hang`` seconds). With ``once=True`` only the
+    first env of the process to reach the step misbehaves, so a restarted env works. Envs
+    sharing a ``token`` share the step count; give each test its own.
+    """
+
+    _steps: dict[str, int] = {}
+    _fired: set[str] = set()
+
+    def __init__(self, fault: str = "raise", at: int = 10, once: bool = False,
+                 hang: float = 5.0, length: int = 5, token: str = "") -> None:
+        super().__init__(length)
+        self.fault, self.at, self.once, self.hang, self.token = fault, at, once, hang, token
+        self._reset_armed = False
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if self._reset_armed:
+            raise RuntimeError("injected reset failure")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: Any):
+        steps = FaultyEnv._steps[self.token] = FaultyEnv._steps.get(self.token, 0) + 1
+        obs, r, term, trunc, info = super().step(action)
+        if steps >= self.at and not (self.once and self.token in FaultyEnv._fired):
+            FaultyEnv._fired.add(self.token)
+            if self.fault == "raise":
+                raise RuntimeError("injected step failure")
+            if self.fault == "reset":
+                self._reset_armed = True
+                return obs, r, True, trunc, info
+            if self.fault == "nan":
+                obs = obs.copy()
+                obs[0] = np.nan
+            elif self.fault == "shape":
+                obs = np.zeros(3, np.float32)
+            elif self.fault == "dtype":
+                obs = np.array(["a", "b"])
+            elif self.fault == "hang":
+                import time
+
+                time.sleep(self.hang)
+        return obs, r, term, trunc, info

@@ -21,7 +21,7 @@ from distributed import Future, WorkerPlugin, get_client, get_worker
 from .config import CollectorConfig
 from .devices import DeviceSetting, resolve_device
 from .envs import EnvSpec, apply_env_vars
-from .errors import DaskrlError, EnvError
+from .errors import BatchTimeoutError, DaskrlError, EnvError
 from .handles import BatchHandle
 from .rollout import EnvSet
 from .store import TrajectoryStore
@@ -133,24 +133,31 @@ class CollectorPlugin(WorkerPlugin):
             self.weight_loads += 1
         return self.policy
 
-    def _fetch_weights(self, version: int, key: str) -> WeightsSnapshot:
-        try:
+    def _fetch_weights(self, version: int, name: str) -> WeightsSnapshot:
+        """Fetch the published weights ``name``; wait out a re-publication if they were lost."""
+        deadline = time.monotonic() + WEIGHTS_FETCH_TIMEOUT
+        client = get_client()
+        while True:
             # A published dataset: the scheduler registers this worker's client as wanting the
-            # key, and the data comes straight from the worker holding it.
-            fut: Future = get_client().get_dataset(key, default=None)
+            # key, and the data comes straight from a worker holding it.
+            fut: Future | None = client.get_dataset(name, default=None)
             if fut is None:
                 raise DaskrlError(
-                    f"worker {self.worker_address}: weights version {version} ({key!r}) is no "
+                    f"worker {self.worker_address}: weights version {version} ({name!r}) is no "
                     "longer published; was the collector closed?"
                 )
-            return fut.result(timeout=WEIGHTS_FETCH_TIMEOUT)
-        except TimeoutError as e:
-            raise DaskrlError(
-                f"worker {self.worker_address} could not fetch weights version {version} "
-                f"within {WEIGHTS_FETCH_TIMEOUT:.0f}s; was the collector closed?"
-            ) from e
+            try:
+                return fut.result(timeout=2.0)
+            except Exception as e:
+                # Lost with the worker that held it: the learner scatters it again under
+                # the same name.
+                if time.monotonic() > deadline:
+                    raise DaskrlError(
+                        f"worker {self.worker_address} could not fetch weights version "
+                        f"{version} within {WEIGHTS_FETCH_TIMEOUT:.0f}s; is the learner alive?"
+                    ) from e
 
-    def envset(self, task: BatchTask) -> EnvSet:
+    def envset(self, task: BatchTask, attempt: int = 0) -> EnvSet:
         """The stream's envs, continuing from its previous batch where this worker has them.
 
         Envs left behind by a batch that is not the stream's previous one (the stream ran
@@ -162,11 +169,21 @@ class CollectorPlugin(WorkerPlugin):
             envset.close()
             envset = None
         if envset is None:
-            restart = None if task.previous_batch_id is None else task.batch_id
+            fresh = task.previous_batch_id is None and attempt == 0
+            restart = () if fresh else (task.batch_id, attempt)
             envset = EnvSet(self.env, self.config.envs_per_worker, self.config.seed,
                             task.stream, restart)
             self.envsets[task.stream] = envset
         return envset
+
+    def drop_envset(self, stream: int) -> None:
+        """Close and forget a stream's envs (after an error: their state is unknown)."""
+        envset = self.envsets.pop(stream, None)
+        if envset is not None:
+            try:
+                envset.close()
+            except Exception:  # a broken env may fail to close too
+                logger.debug("closing the envs of stream %d failed", stream, exc_info=True)
 
     def get_store(self) -> TrajectoryStore:
         if self.store is None:
@@ -202,23 +219,28 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle:
     cfg = plugin.config
     with plugin._lock:
         policy = plugin.ready_policy(task.weights_version, *task.weights)
-        torch.manual_seed(_seed_for(cfg.seed, task.batch_id))
-        envset = plugin.envset(task)
-        try:
-            arrays, stats = envset.collect(
-                policy,
-                plugin.device,
-                task.steps,
-                task.batch_id,  # type: ignore[arg-type]
-                random_steps=task.random_steps,
-                reset=cfg.reset_at_each_iter,
-            )
-        except EnvError as e:
-            # The envs' state is unknown now: the next task of this stream starts afresh.
-            plugin.envsets.pop(task.stream, None)
-            raise EnvError(
-                f"{e} [worker {worker.address}, weights version {task.weights_version}]"
-            ) from e
+        restarts = 0
+        while True:
+            torch.manual_seed(_seed_for(cfg.seed, task.batch_id))
+            envset = plugin.envset(task, restarts)
+            try:
+                arrays, stats = envset.collect(
+                    policy, plugin.device, task.steps, task.batch_id,  # type: ignore[arg-type]
+                    random_steps=task.random_steps, reset=cfg.reset_at_each_iter,
+                    batch_timeout=cfg.batch_timeout,
+                )
+                break
+            except (EnvError, BatchTimeoutError) as e:
+                # The envs' state is unknown now: they are closed and rebuilt.
+                plugin.drop_envset(task.stream)
+                where = f"[worker {worker.address}, weights version {task.weights_version}]"
+                retry = (cfg.on_env_error == "restart" and restarts < cfg.max_env_restarts
+                         and not isinstance(e, BatchTimeoutError))
+                if not retry:
+                    raise type(e)(f"{e}\n{where}") from e
+                restarts += 1
+                logger.warning("batch %d: restarting the envs of stream %d after: %s %s",
+                               task.batch_id, task.stream, str(e).splitlines()[0], where)
     t0 = time.perf_counter()
     handle = BatchHandle(
         store=plugin.store_url,
@@ -233,6 +255,7 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle:
         path="",
         shape=(task.steps, cfg.envs_per_worker),
         rollout_seconds=stats["rollout_seconds"],
+        env_restarts=restarts,
     )
     meta = handle.record()
     path, committed = plugin.get_store().write_batch(task.batch_id, arrays, meta, cfg.compression)

@@ -138,3 +138,24 @@ def test_non_finite_observation_names_env_and_step():
 def test_unknown_env_id_names_the_full_id():
     with pytest.raises(EnvError, match=re.escape("could not make env 'CartPol-v1'")):
         EnvSpec("CartPol-v1").probe()
+
+
+def test_every_daskrl_error_survives_dasks_error_transport():
+    """A worker's error reaches the learner as itself (Dask pickles it with tblib)."""
+    import inspect
+
+    from distributed.core import error_message
+    from distributed.protocol import pickle as dask_pickle
+
+    import daskrl.errors as errors
+
+    for name, cls in inspect.getmembers(errors, inspect.isclass):
+        if not issubclass(cls, errors.DaskrlError):
+            continue
+        try:
+            raise cls("what was wrong\nand what to do")
+        except cls as e:
+            msg = error_message(e)
+        exc = dask_pickle.loads(msg["exception"].data)  # what the learner unpickles
+        assert type(exc) is cls, name
+        assert "what to do" in str(exc), name

@@ -1,0 +1,194 @@
+"""The fault suite: each fault injected for real on a multi-process LocalCluster."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed import Client
+
+import daskrl
+from daskrl import BatchTimeoutError, DaskrlError, EnvError
+from daskrl.cluster import local_cluster
+from daskrl.testing import FaultyEnv, SlowEnv, TagPolicy
+
+pytestmark = pytest.mark.faults
+
+
+def _check_store(url: str, n_batches: int, frames: int) -> None:
+    """Exactly the expected batches, each once; every transition real; episodes consistent."""
+    store = daskrl.open_store(url)
+    assert store.batch_ids() == list(range(n_batches))
+    assert store.frames == frames
+    seen: dict[int, set[int]] = {}
+    for bid in store.batch_ids():
+        b = store.load(bid)
+        obs, nxt = b["observation"].numpy(), b["next_observation"].numpy()
+        assert np.array_equal(nxt, obs + np.array([0, 1]))  # CountingEnv: only real transitions
+        for eid, step in zip(b["episode_id"].numpy().ravel(), b["step"].numpy().ravel()):
+            steps = seen.setdefault(int(eid), set())
+            assert int(step) not in steps, (eid, step)  # no transition stored twice
+            steps.add(int(step))
+
+
+@pytest.fixture
+def own_cluster():
+    """A cluster of its own: these tests kill its workers."""
+    with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
+        yield cluster, client
+
+
+@pytest.mark.parametrize("how", ["sigkill", "nanny-restart"])
+def test_worker_lost_mid_batch_costs_a_retry_only(own_cluster, tmp_path, how):
+    _, client = own_cluster
+    url = str(tmp_path / "s")
+    env = functools.partial(SlowEnv, 0.002)
+    handles = []
+    with daskrl.Collector(env, TagPolicy(), url, client=client, envs_per_worker=2,
+                          frames_per_batch=80, total_frames=80 * 24) as collector:
+        for handle in collector:
+            handles.append(handle)
+            if len(handles) == 4:
+                victim = handles[-1].worker
+                if how == "sigkill":
+                    pid = client.run(os.getpid, workers=[victim])[victim]
+                    os.kill(pid, signal.SIGKILL)
+                else:
+                    client.restart_workers([victim])
+    assert sorted(h.batch_id for h in handles) == list(range(24))
+    assert sum(h.frames for h in handles) == 80 * 24
+    _check_store(url, 24, 80 * 24)
+
+
+def test_weights_lost_with_their_worker_are_scattered_again(own_cluster, tmp_path):
+    _, client = own_cluster
+    policy = TagPolicy()
+    with daskrl.Collector("daskrl.testing:Counting-v0", policy, str(tmp_path / "s"),
+                          client=client, envs_per_worker=2, frames_per_batch=10,
+                          total_frames=None, sync=True) as collector:
+        it = iter(collector)
+        next(it)
+        collector.update_weights(policy)
+        name = collector._weights_name(collector.weights_version)
+        key = client.get_dataset(name).key
+        # Kill every worker holding the newest weights: Dask cannot recompute scattered data.
+        for worker, held in client.run(lambda dask_worker: key in dask_worker.data).items():
+            if held:
+                os.kill(client.run(os.getpid, workers=[worker])[worker], signal.SIGKILL)
+        got = [next(it) for _ in range(6)]
+        assert {h.weights_version for h in got[-2:]} == {collector.weights_version}
+
+
+def test_losing_every_worker_is_an_error_after_a_bounded_wait(tmp_path):
+    with local_cluster(1) as cluster, Client(cluster, set_as_default=False) as client:
+        collector = daskrl.Collector(functools.partial(SlowEnv, 0.01), TagPolicy(),
+                                     str(tmp_path / "s"), client=client, envs_per_worker=1,
+                                     frames_per_batch=50, total_frames=None,
+                                     lost_workers_timeout=3)
+        with collector:
+            it = iter(collector)
+            next(it)
+            cluster.scale(0)
+            t0 = time.monotonic()
+            with pytest.raises(DaskrlError, match="the cluster has had no workers for 3s"):
+                for _ in range(100):
+                    next(it)
+            assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ("raise", "raised in step() at step"),
+    ("reset", "raised in reset() at step"),
+    ("nan", "returned a non-finite observation at step"),
+    ("shape", "an observation of shape (3,) and dtype float32"),
+    ("dtype", "an observation of shape (2,) and dtype <U1"),
+])
+def test_misbehaving_env_is_named_with_worker_step_and_version(client, tmp_path, fault, message):
+    env = functools.partial(FaultyEnv, fault, 7, token=str(tmp_path))
+    with (
+        daskrl.Collector(env, TagPolicy(), str(tmp_path / "s"), client=client,
+                         envs_per_worker=2, frames_per_batch=20, total_frames=None) as c,
+        pytest.raises(EnvError) as info,
+    ):
+        for _ in c:
+            pass
+    text = str(info.value)
+    assert message in text, text
+    assert "env factory daskrl.testing.FaultyEnv (env index" in text
+    assert re.search(r"\[worker tcp://127\.0\.0\.1:\d+, weights version 0\]", text)
+    if fault in ("raise", "reset"):
+        assert "the env's traceback, on the worker" in text and "injected" in text
+    assert daskrl.open_store(str(tmp_path / "s")).frames % 20 == 0  # only whole batches
+
+
+def test_restart_on_env_error_carries_on_and_counts(client, tmp_path):
+    env = functools.partial(FaultyEnv, "raise", 15, True, token=str(tmp_path))
+    with daskrl.Collector(env, TagPolicy(), str(tmp_path / "s"), client=client,
+                          envs_per_worker=2, frames_per_batch=20, total_frames=200,
+                          on_env_error="restart") as c:
+        handles = list(c)
+    assert sum(h.frames for h in handles) == 200
+    assert sum(h.env_restarts for h in handles) >= 1
+    _check_store(str(tmp_path / "s"), 10, 200)
+
+
+def test_batch_deadline_stops_a_slow_env(client, tmp_path):
+    env = functools.partial(FaultyEnv, "hang", 3, False, 0.5, token=str(tmp_path))
+    with (
+        daskrl.Collector(env, TagPolicy(), str(tmp_path / "s"), client=client,
+                         envs_per_worker=1, frames_per_batch=50, total_frames=None,
+                         batch_timeout=1.0) as c,
+        pytest.raises(BatchTimeoutError, match="ran past its deadline of 1s at step"),
+    ):
+        next(iter(c))
+    assert len(daskrl.open_store(str(tmp_path / "s"))) == 0
+
+
+def test_subprocess_vector_env_gets_a_clear_error(tmp_path):
+    import gymnasium as gym
+
+    factory = functools.partial(gym.make_vec, "CartPole-v1", 2, vectorization_mode="sync")
+    with pytest.raises(EnvError, match=re.escape("built a vector env (SyncVectorEnv); return a single gymnasium.Env")):
+        daskrl.Collector(factory, TagPolicy(), str(tmp_path / "s"))
+
+
+def test_ctrl_c_during_iteration_stops_tasks_and_keeps_a_users_cluster(client, tmp_path):
+    env = functools.partial(SlowEnv, 0.005)
+    collector = daskrl.Collector(env, TagPolicy(), str(tmp_path / "s"), client=client,
+                                 envs_per_worker=2, frames_per_batch=100, total_frames=None)
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt), collector:
+        for _ in collector:
+            pass
+    timer.cancel()
+    assert not collector._pending and client.status == "running"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(client.processing().values()):
+        time.sleep(0.05)
+    assert not any(client.processing().values())  # no task of ours still running
+    assert client.submit(sum, [1, 2]).result() == 3  # the user's cluster is still usable
+
+
+def test_garbage_collected_collector_releases_everything(client, tmp_path):
+    import gc
+
+    collector = daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), str(tmp_path / "s"),
+                                 client=client, envs_per_worker=2, frames_per_batch=10,
+                                 total_frames=None)
+    next(iter(collector))
+    name = collector._plugin_name
+    del collector
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (client.list_datasets() or any(
+            name in p for p in client.run(lambda dask_worker: list(dask_worker.plugins)).values())):
+        time.sleep(0.05)
+    assert not client.list_datasets()
+    assert not any(name in p for p in client.run(lambda dask_worker: list(dask_worker.plugins)).values())
