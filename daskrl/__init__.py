@@ -17,6 +17,7 @@ from .errors import (
     PolicyError,
     StoreError,
     StoreFormatError,
+    VersionMismatchError,
     WeightsIntegrityError,
 )
 from .handles import BatchHandle
@@ -42,6 +43,7 @@ __all__ = [
     "StoreError",
     "StoreFormatError",
     "TrajectoryStore",
+    "VersionMismatchError",
     "WeightsIntegrityError",
     # weights
     "WeightsSnapshot",

@@ -23,6 +23,7 @@ from .errors import CollectorClosedError, ConfigError, PolicyError
 from .handles import BatchHandle
 from .rollout import check_action, split_policy_output
 from .store import BATCH_IDS_PER_RUN, TrajectoryStore
+from .versions import check_versions
 from .weights import PolicyLike, WeightsSnapshot, policy_spec, resolve_policy, snapshot
 from .worker import IN_PROCESS_WEIGHTS, BatchTask, CollectorPlugin, collect_batch
 
@@ -153,6 +154,7 @@ class Collector:
             self, Collector._cleanup, self.client, self._own_cluster, self._plugin_name
         )
         try:
+            check_versions(self.client)  # same torch, gymnasium, zarr, daskrl... everywhere
             self._start(module)
         except BaseException:
             self.close()

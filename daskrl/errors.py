@@ -16,6 +16,7 @@ __all__ = [
     "PolicyError",
     "StoreError",
     "StoreFormatError",
+    "VersionMismatchError",
     "WeightsIntegrityError",
 ]
 
@@ -57,3 +58,7 @@ class BatchNotFoundError(StoreError, KeyError):
 
 class CollectorClosedError(DaskrlError, RuntimeError):
     """The collector was used after :meth:`~daskrl.Collector.close`."""
+
+
+class VersionMismatchError(DaskrlError, RuntimeError):
+    """Workers run other versions of the packages daskrl depends on than the learner."""
