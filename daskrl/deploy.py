@@ -54,12 +54,26 @@ class Deployment:
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+            _remove_worker_keys(self.cluster)
 
     def __enter__(self) -> Deployment:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _remove_worker_keys(cluster: Any) -> None:
+    """Delete the TLS key files dask-jobqueue wrote to ``shared_temp_directory`` for the jobs.
+
+    dask-jobqueue deletes them only when the cluster object is garbage-collected (they are
+    ``NamedTemporaryFile`` objects held by it); a closed cluster needs them no more.
+    """
+    for value in list(vars(cluster).values()):
+        name = getattr(value, "name", None)
+        if (isinstance(name, str) and os.path.basename(name).startswith(".dask-jobqueue.worker.")
+                and callable(getattr(value, "close", None))):
+            value.close()
 
 
 def tls_security(ca_file: str, cert: str, key: str | None = None) -> Security:
@@ -97,8 +111,9 @@ def connect(
         The JSON file a scheduler wrote with ``dask scheduler --scheduler-file``.
     workers
         ``"local"``: how many worker processes (default one per core); ``"slurm"``: how many
-        workers to ask SLURM for now (default none: call ``deployment.cluster.scale`` or
-        ``adapt`` yourself).  Not valid with a running cluster.
+        workers to keep (``cluster.adapt(minimum=workers, maximum=workers)``, so that workers
+        that retire before the walltime are replaced; default none: scale it yourself).
+        Not valid with a running cluster.
     security
         A ``distributed.Security`` (see :func:`tls_security`), or ``True`` for TLS with
         temporary certificates on a cluster daskrl starts.  ``"slurm"`` defaults to ``True``.
@@ -173,7 +188,7 @@ def _connect_running(address: str, scheduler_file: Any, security: Any, timeout: 
                 " If the cluster uses TLS, pass security=tls_security(ca, cert, key) "
                 "(CLI: --tls-ca-file/--tls-cert/--tls-key).")
         raise DaskrlError(
-            f"could not connect to {where} within {timeout:.0f}s: {type(e).__name__}: {e}."
+            f"could not connect to {where} at {address}: {type(e).__name__}: {e}."
             f"{hint}"
         ) from e
 
@@ -212,33 +227,41 @@ def _start_slurm(workers: int | None, security: Security | bool, jobqueue_config
         raise DaskrlError(
             f"cluster='slurm' needs dask-jobqueue, which is not installed: {SLURM_EXTRA}"
         ) from e
-    config: dict[str, Any] = {}
-    if jobqueue_config is not None:
-        config = _read_yaml(Path(jobqueue_config))
-    with dask.config.set(config):
-        if security is not False:
-            shared = options.get("shared_temp_directory") or dask.config.get(
-                "jobqueue.slurm.shared-temp-directory", None)
-            options["shared_temp_directory"] = _private_directory(shared)
-        slurm = SLURMCluster(security=security or None, **options)
+    if jobqueue_config is not None:  # its settings, as SLURMCluster arguments; options win
+        options = {**_slurm_options(Path(jobqueue_config)), **options}
+    if security is not False:
+        shared = options.get("shared_temp_directory") or dask.config.get(
+            "jobqueue.slurm.shared-temp-directory", None)
+        options["shared_temp_directory"] = _private_directory(shared)
+    slurm = SLURMCluster(security=security or None, **options)
     try:
         if workers:
-            slurm.scale(workers)
+            # Adaptive with a fixed size: a worker that retires at its --lifetime (before the
+            # walltime) is replaced by a new job.
+            slurm.adapt(minimum=workers, maximum=workers)
         return Deployment(Client(slurm, set_as_default=False), slurm)
     except BaseException:
         slurm.close()
         raise
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _slurm_options(path: Path) -> dict[str, Any]:
+    """``SLURMCluster`` keyword arguments from the ``jobqueue.slurm`` section of a dask config
+    file (dask-jobqueue reads its config anew for every job, so a temporary
+    ``dask.config.set`` would not last; explicit arguments do)."""
     import yaml
 
     if not path.is_file():
         raise ConfigError(f"jobqueue_config {str(path)!r} does not exist.")
     data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"jobqueue_config {str(path)!r} is not a YAML mapping.")
-    return dict(data)
+    section = data.get("jobqueue", {}).get("slurm") if isinstance(data, Mapping) else None
+    if not isinstance(section, Mapping):
+        raise ConfigError(
+            f"jobqueue_config {str(path)!r} has no 'jobqueue: slurm:' section; see "
+            "deploy/slurm/jobqueue.yaml for the layout."
+        )
+    renamed = {"name": "job_name"}
+    return {renamed.get(k, k.replace("-", "_")): v for k, v in section.items() if v is not None}
 
 
 def _private_directory(path: str | None) -> str:
