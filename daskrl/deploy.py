@@ -201,8 +201,14 @@ def _check_listening(address: str, where: str, timeout: float) -> None:
         protocol, loc = parse_address(address)
     except ValueError as e:
         raise ConfigError(f"{address!r} is not a Dask scheduler address: {e}") from e
-    if protocol not in ("tcp", "tls"):
-        return  # inproc://, ucx://...: let distributed connect
+    if protocol not in ("tcp", "tls"):  # inproc://, ucx://...: let distributed connect
+        from distributed.comm.registry import get_backend
+
+        try:
+            get_backend(protocol)
+        except ValueError as e:
+            raise ConfigError(f"{address!r} is not a Dask scheduler address: {e}") from e
+        return
     host, port = parse_host_port(loc, default_port=8786)
     try:
         socket.create_connection((host, port), timeout=min(timeout, 10.0)).close()

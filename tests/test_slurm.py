@@ -24,25 +24,22 @@ SLURM = ROOT / "deploy" / "slurm"
 SBATCH = SLURM / "sbatch"
 LOOPBACK = {"host": "127.0.0.1", "dashboard_address": ":0"}  # tests listen on loopback only
 
-pytest.importorskip("dask_jobqueue", reason='needs the slurm extra: pip install "daskrl[slurm]"')
-
 
 def _private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700)
     return path
 
 
-def _expected_job_lines(tls_dir: str) -> list[str]:
-    return [
-        "#SBATCH -J daskrl-worker",
-        "#SBATCH -p gpu",
-        "#SBATCH --cpus-per-task=8",
-        "#SBATCH --mem=32G",
-        "#SBATCH -t 04:00:00",
-        "#SBATCH --gres=gpu:1",
-        "source ~/venvs/daskrl/bin/activate",
-        "export DASKRL_DEVICE=cuda",
-    ]
+EXPECTED_JOB_LINES = [
+    "#SBATCH -J daskrl-worker",
+    "#SBATCH -p gpu",
+    "#SBATCH --cpus-per-task=8",
+    "#SBATCH --mem=32G",
+    "#SBATCH -t 04:00:00",
+    "#SBATCH --gres=gpu:1",
+    "source ~/venvs/daskrl/bin/activate",
+    "export DASKRL_DEVICE=cuda",
+]
 
 
 def _worker_command(script: str) -> str:
@@ -52,7 +49,7 @@ def _worker_command(script: str) -> str:
 
 def _check_job_script(script: str, tls_dir: str) -> None:
     lines = script.splitlines()
-    for expected in _expected_job_lines(tls_dir):
+    for expected in EXPECTED_JOB_LINES:
         assert expected in lines, (expected, script)
     cmd = _worker_command(script)
     # One thread per worker; retire before the walltime, staggered; scratch on the node.
@@ -124,7 +121,7 @@ def test_slurm_settings_that_would_leak_or_fail_are_clear_errors(tmp_path, monke
         deploy.connect("slurm")
 
 
-def test_cli_slurm_cluster_prints_its_job_script(tmp_path, capsys, monkeypatch):
+def test_cli_slurm_cluster_prints_its_job_script(tmp_path, capsys):
     config = yaml.safe_load((SLURM / "jobqueue.yaml").read_text())
     config["jobqueue"]["slurm"]["scheduler-options"] = LOOPBACK
     config["jobqueue"]["slurm"]["shared-temp-directory"] = str(_private_dir(tmp_path / "tls"))
@@ -145,7 +142,7 @@ def test_cli_slurm_cluster_prints_its_job_script(tmp_path, capsys, monkeypatch):
 def test_learner_script_runs_on_the_embedded_local_cluster(tmp_path):
     store = tmp_path / "store"
     out = subprocess.run(
-        [sys.executable, str(SLURM / "learner.py"), "--store", str(store), "--workers", "1",
+        [sys.executable, str(ROOT / "deploy" / "learner.py"), "--store", str(store), "--workers", "1",
          "--frames", "256", "--frames-per-batch", "128", "--envs-per-worker", "4"],
         capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )

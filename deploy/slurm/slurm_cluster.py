@@ -66,8 +66,12 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=1_000_000)
     args = p.parse_args()
 
+    import sys
+
     from distributed import Client
-    from learner import train  # deploy/slurm/learner.py, next to this file
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from learner import train  # deploy/learner.py
 
     with slurm_cluster() as cluster:
         if args.print_job_script:

@@ -2,10 +2,10 @@
 
 Only where the workers come from changes::
 
-    python deploy/slurm/learner.py --store runs/try                     # embedded LocalCluster
-    python deploy/slurm/learner.py --scheduler-file /fsx/$USER/daskrl/scheduler.json \\
+    python deploy/learner.py --store runs/try                     # embedded LocalCluster
+    python deploy/learner.py --scheduler-file /fsx/$USER/daskrl/scheduler.json \\
         --store /fsx/$USER/daskrl/runs/run-1                            # sbatch-started cluster
-    python deploy/slurm/learner.py --cluster slurm --workers 8 \\
+    python deploy/learner.py --cluster slurm --workers 8 \\
         --jobqueue-config deploy/slurm/jobqueue.yaml --store /fsx/$USER/runs/run-2
 
 It collects CartPole experience and takes a REINFORCE step on each batch, publishing the new
