@@ -58,6 +58,11 @@ def _check_policy_output(
 class Collector:
     """Collect experience from gymnasium envs on Dask workers into a zarr store.
 
+    The options after ``client`` are those of :class:`~daskrl.config.CollectorConfig`, plus
+    ``device`` (per-worker policy device: ``"auto"``, a device, or ``{worker name: device}``),
+    ``env_kwargs`` (for ``gymnasium.make``) and ``env_vars`` (set on every worker before its envs
+    are built).
+
     Parameters
     ----------
     env
@@ -73,11 +78,6 @@ class Collector:
     client
         A ``distributed.Client``; ``None`` starts an embedded ``LocalCluster`` sized to this
         machine, closed with the collector.
-
-    The remaining options are those of :class:`~daskrl.config.CollectorConfig`, plus
-    ``device`` (per-worker policy device: ``"auto"``, a device, or ``{worker name: device}``),
-    ``env_kwargs`` (for ``gymnasium.make``) and ``env_vars`` (set on every worker before its envs
-    are built).
 
     Examples
     --------

@@ -276,7 +276,7 @@ def _private_directory(path: str | None) -> str:
         raise ConfigError(
             "TLS on SLURM (the default) writes the workers' keys to a directory the compute "
             "nodes can read: set jobqueue.slurm.shared-temp-directory (in jobqueue.yaml) or "
-            "pass shared_temp_directory=, e.g. '~/.dask-tls' on your shared home, mode 700."
+            "pass shared_temp_directory=, e.g. '~/.daskrl-tls' on your shared home, mode 700."
         )
     expanded = Path(os.path.expandvars(os.path.expanduser(path)))
     expanded.mkdir(mode=0o700, parents=True, exist_ok=True)
