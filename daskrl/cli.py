@@ -14,6 +14,9 @@ from .errors import DaskrlError
 
 __all__ = ["main"]
 
+SLURM_QUEUE_WAIT_S = 3600
+"""``--cluster slurm``: how long to wait for the first worker's job to start."""
+
 
 def _load_object(spec: str) -> Any:
     module, _, attr = spec.partition(":")
@@ -156,8 +159,17 @@ def _deployment(args: argparse.Namespace, workers: int | None = None) -> Any:
         if args.command == "collect" and not workers:
             raise DaskrlError("--cluster slurm needs --workers N: how many workers (one per "
                               "job as in deploy/slurm/jobqueue.yaml) to ask SLURM for.")
-        return connect("slurm", workers=workers, security=security,
-                       jobqueue_config=args.jobqueue_config)
+        deployment = connect("slurm", workers=workers, security=security,
+                             jobqueue_config=args.jobqueue_config)
+        if workers:  # jobs wait in the queue: longer than a collector waits for a worker
+            print(f"waiting for SLURM to start the first of {workers} workers...",
+                  file=sys.stderr)
+            try:
+                deployment.client.wait_for_workers(1, timeout=SLURM_QUEUE_WAIT_S)
+            except BaseException:
+                deployment.close()  # cancels the queued jobs
+                raise
+        return deployment
     if args.command == "collect" and security is None:
         return None
     return connect("local", workers=workers, security=security or None)

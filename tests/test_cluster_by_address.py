@@ -17,6 +17,7 @@ from cli_cluster import cli_cluster, scheduler_address, worker_args
 
 import daskrl
 from daskrl import deploy
+from daskrl.cli import main as cli_main
 from daskrl.testing import EnvVarEnv, TagPolicy
 
 COUNTING = "daskrl.testing:Counting-v0"
@@ -100,7 +101,7 @@ def test_cli_collect_and_info_against_a_running_cluster(cli, tmp_path):
     assert re.search(rf"gymnasium\s+{v}\s+{v} \(2\)\s+ok", out.stdout), out.stdout
 
 
-def test_late_worker_gets_env_vars_and_a_version_mismatch_is_refused(cli, tmp_path):
+def test_late_worker_gets_env_vars_and_a_version_mismatch_is_refused(cli, tmp_path, capsys):
     sched, procs = cli
     # A worker whose environment reports another gymnasium version (metadata on its path).
     fake = tmp_path / "fake-site" / "gymnasium-0.0.1.dist-info"
@@ -120,11 +121,12 @@ def test_late_worker_gets_env_vars_and_a_version_mismatch_is_refused(cli, tmp_pa
                 late = next(iter(set(_wait_for_n_workers(d.client, 3)) - before))
                 name = collector._plugin_name
 
-                def probe(dask_worker):
-                    return name in dask_worker.plugins, os.environ.get("DASKRL_TEST_OFFSET")
+                def probe(dask_worker):  # the plugin is there, and an env built here sees it
+                    return (name in dask_worker.plugins, os.environ.get("DASKRL_TEST_OFFSET"),
+                            EnvVarEnv().offset)
 
                 deadline = time.monotonic() + 30
-                while (seen := d.client.run(probe, workers=[late])[late]) != (True, "100"):
+                while (seen := d.client.run(probe, workers=[late])[late]) != (True, "100", 100):
                     assert time.monotonic() < deadline, seen
                     time.sleep(0.1)
 
@@ -137,6 +139,14 @@ def test_late_worker_gets_env_vars_and_a_version_mismatch_is_refused(cli, tmp_pa
             assert re.fullmatch(rf"gymnasium\s+{re.escape(gymnasium.__version__)}\s+0\.0\.1",
                                 lines[3])
             assert len(lines) == 5  # header, rule, one differing package, then what to do
+
+            # `daskrl info` shows the same, and exits with status 1.
+            assert cli_main(["info", "--scheduler", scheduler_address(sched)]) == 1
+            out, err = capsys.readouterr()
+            v = re.escape(gymnasium.__version__)
+            assert re.search(rf"gymnasium\s+{v}\s+0\.0\.1 \(1\), {v} \(2\)\s+DIFFERS", out), out
+            assert re.search(r"torch\s+\S+\s+\S+ \(3\)\s+ok", out), out
+            assert "1 worker(s) with other versions, 0 with an unusable device." in err
         finally:
             procs.kill("late-worker")
             _wait_for_n_workers(d.client, 2)
