@@ -18,6 +18,7 @@ from .errors import (
     PolicyError,
     StoreError,
     StoreFormatError,
+    VersionMismatchError,
     WeightsIntegrityError,
 )
 from .handles import BatchHandle
@@ -44,6 +45,7 @@ __all__ = [
     "StoreError",
     "StoreFormatError",
     "TrajectoryStore",
+    "VersionMismatchError",
     "WeightsIntegrityError",
     # weights
     "WeightsSnapshot",

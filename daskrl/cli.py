@@ -14,6 +14,9 @@ from .errors import DaskrlError
 
 __all__ = ["main"]
 
+SLURM_QUEUE_WAIT_S = 3600
+"""``--cluster slurm``: how long to wait for the first worker's job to start."""
+
 
 def _load_object(spec: str) -> Any:
     module, _, attr = spec.partition(":")
@@ -64,10 +67,30 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--policy", default=None,
                    help="'module:factory' called with (observation_space, action_space); "
                         "default: an untrained 64-64 MLP")
-    c.add_argument("--scheduler", default=None,
-                   help="address of a running Dask scheduler (default: embedded LocalCluster)")
+    _add_cluster_args(c)
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    i = sub.add_parser("info", help="show a cluster's workers, devices and package versions",
+                       description="Show a cluster's workers, the device each would collect "
+                       "on, and package versions next to this machine's. Exit status 1 when a "
+                       "worker's versions differ or its device cannot be used.")
+    _add_cluster_args(i)
     return p
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster (default: an embedded LocalCluster on this machine)")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                       help="address of a running Dask scheduler, e.g. tcp://head:8786")
+    where.add_argument("--scheduler-file", default=None, metavar="FILE",
+                       help="file written by `dask scheduler --scheduler-file FILE`")
+    where.add_argument("--cluster", choices=["local", "slurm"], default=None,
+                       help="start a cluster: local (default) or slurm (dask-jobqueue)")
+    g.add_argument("--jobqueue-config", default=None, metavar="YAML",
+                   help="--cluster slurm: dask config file, e.g. deploy/slurm/jobqueue.yaml")
+    g.add_argument("--tls-ca-file", default=None, metavar="PEM")
+    g.add_argument("--tls-cert", default=None, metavar="PEM")
+    g.add_argument("--tls-key", default=None, metavar="PEM")
 
 
 def _collect(args: argparse.Namespace) -> int:
@@ -83,11 +106,8 @@ def _collect(args: argparse.Namespace) -> int:
         policy = factory(probe.observation_space, probe.action_space)
     finally:
         probe.close()
-    client = None
-    if args.scheduler:
-        from distributed import Client
-
-        client = Client(args.scheduler)
+    deployment = _deployment(args, workers=args.workers)
+    client = deployment.client if deployment is not None else None
     try:
         with Collector(
             args.env, policy, args.store, client=client, envs_per_worker=args.envs_per_worker,
@@ -107,8 +127,8 @@ def _collect(args: argparse.Namespace) -> int:
             s = collector.summary()
             n_workers = len(collector.client.scheduler_info()["workers"])
     finally:
-        if client is not None:
-            client.close()
+        if deployment is not None:
+            deployment.close()
     mean = "n/a" if math.isnan(s["mean_return"]) else f"{s['mean_return']:.2f}"
     print(
         f"collected {s['frames']} frames in {s['batches']} batches on {n_workers} workers, "
@@ -119,12 +139,89 @@ def _collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deployment(args: argparse.Namespace, workers: int | None = None) -> Any:
+    """The ``daskrl.deploy.Deployment`` the cluster arguments name; ``None`` for the embedded
+    default of ``collect`` (the collector starts and closes it)."""
+    from .deploy import connect, tls_security
+
+    security = None
+    if args.tls_ca_file or args.tls_cert or args.tls_key:
+        if not (args.tls_ca_file and args.tls_cert):
+            raise DaskrlError("TLS needs --tls-ca-file and --tls-cert (and --tls-key unless "
+                              "the certificate file holds the key).")
+        security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
+    if args.jobqueue_config and args.cluster != "slurm":
+        raise DaskrlError("--jobqueue-config applies to --cluster slurm only.")
+    if args.scheduler or args.scheduler_file:
+        return connect(args.scheduler or "", scheduler_file=args.scheduler_file,
+                       security=security)
+    if args.cluster == "slurm":
+        if args.command == "collect" and not workers:
+            raise DaskrlError("--cluster slurm needs --workers N: how many workers (one per "
+                              "job as in deploy/slurm/jobqueue.yaml) to ask SLURM for.")
+        deployment = connect("slurm", workers=workers, security=security,
+                             jobqueue_config=args.jobqueue_config)
+        if workers:  # jobs wait in the queue: longer than a collector waits for a worker
+            print(f"waiting for SLURM to start the first of {workers} workers...",
+                  file=sys.stderr)
+            try:
+                deployment.client.wait_for_workers(1, timeout=SLURM_QUEUE_WAIT_S)
+            except BaseException:
+                deployment.close()  # cancels the queued jobs
+                raise
+        return deployment
+    if args.command == "collect" and security is None:
+        return None
+    return connect("local", workers=workers, security=security or None)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .deploy import worker_report
+    from .versions import CHECKED_PACKAGES, format_table, version_differences
+
+    deployment = _deployment(args)
+    try:
+        client = deployment.client
+        if hasattr(deployment.cluster, "job_script"):  # a dask-jobqueue cluster: show its job
+            print(f"job script:\n{deployment.cluster.job_script()}")
+        report = worker_report(client)
+        versions = client.get_versions(packages=list(CHECKED_PACKAGES))
+        print(f"scheduler: {client.scheduler.address}  ({len(report)} workers)\n")
+        cols = ["worker", "name", "threads", "device", "DASKRL_DEVICE", "CUDA_VISIBLE_DEVICES"]
+        rows = [[addr, *(r[c] or "-" for c in cols[1:])] for addr, r in report.items()]
+        print(format_table(cols, rows))
+        diffs = version_differences(versions)
+        mine = versions["client"]["packages"]
+        rows = []
+        for pkg in CHECKED_PACKAGES:
+            seen: dict[str, int] = {}
+            for info in versions["workers"].values():
+                v = (info or {}).get("packages", {}).get(pkg) or "not installed"
+                seen[v] = seen.get(v, 0) + 1
+            workers = ", ".join(f"{v} ({n})" for v, n in sorted(seen.items())) or "-"
+            same = all(pkg not in d for d in diffs.values())
+            rows.append([pkg, mine.get(pkg) or "not installed", workers,
+                         "ok" if same else "DIFFERS"])
+        print()
+        print(format_table(["package", "this machine", "workers (count)", ""], rows))
+        bad_devices = [a for a, r in report.items() if r["device"].startswith("error")]
+        if diffs or bad_devices:
+            print(f"\n{len(diffs)} worker(s) with other versions, {len(bad_devices)} with an "
+                  "unusable device.", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        deployment.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``daskrl`` command."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "collect":
             return _collect(args)
+        if args.command == "info":
+            return _info(args)
     except (DaskrlError, ValueError) as e:
         print(f"daskrl: error: {e}", file=sys.stderr)
         return 2

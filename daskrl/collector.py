@@ -23,6 +23,7 @@ from .errors import CollectorClosedError, ConfigError, DaskrlError, PolicyError
 from .handles import BatchHandle
 from .rollout import check_action, split_policy_output
 from .store import BATCH_IDS_PER_RUN, TrajectoryStore
+from .versions import check_versions
 from .weights import PolicyLike, WeightsSnapshot, policy_spec, resolve_policy, snapshot
 from .worker import (
     IN_PROCESS_WEIGHTS,
@@ -63,6 +64,11 @@ def _check_policy_output(
 class Collector:
     """Collect experience from gymnasium envs on Dask workers into a zarr store.
 
+    The options after ``client`` are those of :class:`~daskrl.config.CollectorConfig`, plus
+    ``device`` (per-worker policy device: ``"auto"``, a device, or ``{worker name: device}``),
+    ``env_kwargs`` (for ``gymnasium.make``) and ``env_vars`` (set on every worker before its envs
+    are built).
+
     Parameters
     ----------
     env
@@ -78,11 +84,6 @@ class Collector:
     client
         A ``distributed.Client``; ``None`` starts an embedded ``LocalCluster`` sized to this
         machine, closed with the collector.
-
-    The remaining options are those of :class:`~daskrl.config.CollectorConfig`, plus
-    ``device`` (per-worker policy device: ``"auto"``, a device, or ``{worker name: device}``),
-    ``env_kwargs`` (for ``gymnasium.make``) and ``env_vars`` (set on every worker before its envs
-    are built).
 
     Examples
     --------
@@ -175,6 +176,7 @@ class Collector:
             self._pending, self._weights,
         )
         try:
+            check_versions(self.client)  # same torch, gymnasium, zarr, daskrl... everywhere
             self._start(module)
         except BaseException:
             self.close()

@@ -17,6 +17,7 @@ __all__ = [
     "PolicyError",
     "StoreError",
     "StoreFormatError",
+    "VersionMismatchError",
     "WeightsIntegrityError",
 ]
 
@@ -62,3 +63,7 @@ class BatchNotFoundError(StoreError, KeyError):
 
 class CollectorClosedError(DaskrlError, RuntimeError):
     """The collector was used after :meth:`~daskrl.Collector.close`."""
+
+
+class VersionMismatchError(DaskrlError, RuntimeError):
+    """Workers run other versions of the packages daskrl depends on than the learner."""

@@ -1,0 +1,310 @@
+"""Get a ``distributed.Client`` for where collection runs: this machine, any cluster, SLURM.
+
+One call, so that a learner script reads the same everywhere and only its target changes::
+
+    with daskrl.deploy.connect("local") as deployment:                    # this machine
+    with daskrl.deploy.connect("tls://head:8786", security=sec) as d:      # any Dask cluster
+    with daskrl.deploy.connect(scheduler_file="/fsx/sched.json") as d:     # sbatch-started
+    with daskrl.deploy.connect("slurm", workers=8,
+                               jobqueue_config="deploy/slurm/jobqueue.yaml") as d:  # jobqueue
+
+:class:`Deployment` closes what it started (an embedded or SLURM cluster) and never a cluster
+it only connected to.  :func:`worker_report` tells, per worker, which device daskrl would use
+there and what the worker declared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import dask
+from distributed import Client, Security
+
+from .cluster import local_cluster
+from .devices import DEVICE_ENV_VAR, resolve_device
+from .errors import ConfigError, DaskrlError
+
+__all__ = ["Deployment", "connect", "tls_security", "worker_report"]
+
+logger = logging.getLogger(__name__)
+
+SLURM_EXTRA = 'pip install "daskrl[slurm]"'
+
+
+@dataclasses.dataclass
+class Deployment:
+    """A connected client, and the cluster daskrl started for it (``None`` when it only
+    connected to a running one).  Use it as a context manager, or call :meth:`close`."""
+
+    client: Client
+    """The ``distributed.Client`` to pass as ``Collector(client=...)``."""
+    cluster: Any = None
+    """The cluster object daskrl started (``LocalCluster``, ``SLURMCluster``), closed with this."""
+
+    def close(self) -> None:
+        """Close the client, then the cluster daskrl started (a running one is left alone)."""
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+            _remove_worker_keys(self.cluster)
+
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _remove_worker_keys(cluster: Any) -> None:
+    """Delete the TLS key files dask-jobqueue wrote to ``shared_temp_directory`` for the jobs.
+
+    dask-jobqueue deletes them only when the cluster object is garbage-collected (they are
+    ``NamedTemporaryFile`` objects held by it); a closed cluster needs them no more.
+    """
+    for value in list(vars(cluster).values()):
+        name = getattr(value, "name", None)
+        if (isinstance(name, str) and os.path.basename(name).startswith(".dask-jobqueue.worker.")
+                and callable(getattr(value, "close", None))):
+            value.close()
+
+
+def tls_security(ca_file: str, cert: str, key: str | None = None) -> Security:
+    """A client ``Security`` for a cluster started with ``--tls-ca-file/--tls-cert/--tls-key``.
+
+    ``cert`` may hold the key too (then leave ``key`` out).  Encryption is required.
+    """
+    for what, path in (("CA file", ca_file), ("certificate", cert), ("key", key)):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"TLS {what} {path!r} does not exist or is not a file.")
+    return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
+                    require_encryption=True)
+
+
+def connect(
+    cluster: str = "local",
+    *,
+    scheduler_file: str | os.PathLike[str] | None = None,
+    workers: int | None = None,
+    security: Security | bool | None = None,
+    jobqueue_config: str | os.PathLike[str] | None = None,
+    timeout: float = 60.0,
+    **cluster_options: Any,
+) -> Deployment:
+    """Connect a client to where collection runs.
+
+    Parameters
+    ----------
+    cluster
+        ``"local"``: start the embedded ``LocalCluster`` (:func:`daskrl.cluster.local_cluster`).
+        ``"slurm"``: start a dask-jobqueue ``SLURMCluster`` (needs ``daskrl[slurm]``).
+        Otherwise the address of a running scheduler, e.g. ``"tcp://head:8786"``,
+        ``"tls://head:8786"``.  Ignored when ``scheduler_file`` is given.
+    scheduler_file
+        The JSON file a scheduler wrote with ``dask scheduler --scheduler-file``.
+    workers
+        ``"local"``: how many worker processes (default one per core); ``"slurm"``: how many
+        workers to keep (``cluster.adapt(minimum=workers, maximum=workers)``, so that workers
+        that retire before the walltime are replaced; default none: scale it yourself).
+        Not valid with a running cluster.
+    security
+        A ``distributed.Security`` (see :func:`tls_security`), or ``True`` for TLS with
+        temporary certificates on a cluster daskrl starts.  ``"slurm"`` defaults to ``True``.
+    jobqueue_config
+        ``"slurm"``: a dask config YAML (like ``deploy/slurm/jobqueue.yaml``) applied while the
+        cluster is built; without it, dask's own config (``~/.config/dask/``) is used.
+    timeout
+        Seconds to wait for a running scheduler to answer.
+    cluster_options
+        Passed to ``LocalCluster`` or ``SLURMCluster`` (e.g. ``queue=``, ``account=``).
+    """
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 0):
+        raise ConfigError(f"workers must be a non-negative integer or None, got {workers!r}.")
+    if scheduler_file is not None or cluster not in ("local", "slurm"):
+        if workers is not None or cluster_options or security is True:
+            raise ConfigError(
+                "workers=, security=True and cluster options size or configure a cluster "
+                "daskrl starts ('local' or 'slurm'); a running cluster is sized by whoever "
+                f"started it. Got workers={workers!r}, options={sorted(cluster_options)}."
+            )
+        return Deployment(_connect_running(cluster, scheduler_file, security, timeout))
+    if cluster == "local":
+        if security is True:
+            security = Security.temporary()
+        if security is not None:
+            cluster_options["security"] = security
+        local = local_cluster(workers or None, **cluster_options)
+        try:
+            return Deployment(Client(local, set_as_default=False, security=security), local)
+        except BaseException:
+            local.close()
+            raise
+    return _start_slurm(workers, True if security is None else security, jobqueue_config,
+                        cluster_options)
+
+
+def _connect_running(address: str, scheduler_file: Any, security: Any, timeout: float) -> Client:
+    if scheduler_file is not None:
+        path = Path(scheduler_file)
+        if not path.is_file():
+            raise ConfigError(
+                f"scheduler file {str(path)!r} does not exist. Start the scheduler with "
+                "`dask scheduler --scheduler-file PATH` on a filesystem this machine sees, and "
+                "wait until it has written the file."
+            )
+        try:
+            address = str(json.loads(path.read_text())["address"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"scheduler file {str(path)!r} holds no scheduler address (got {e!r}); is it "
+                "still being written, or is it another kind of file?"
+            ) from e
+        target: dict[str, Any] = {"scheduler_file": str(path)}
+        where = f"the scheduler in {str(path)!r}"
+    else:
+        target = {"address": address}
+        where = "the scheduler"
+    if security is None and address.startswith("tls://"):
+        security = _security_from_config()
+        if security is None:
+            raise ConfigError(
+                f"{where} uses TLS ({address}) but no certificates were given: pass "
+                "security=daskrl.deploy.tls_security(ca_file, cert, key) (CLI: --tls-ca-file, "
+                "--tls-cert, --tls-key) or set distributed.comm.tls.* in the dask config."
+            )
+    _check_listening(address, where, timeout)
+    try:
+        return Client(**target, security=security, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError) as e:
+        hint = ("" if security is not None else
+                " If the cluster uses TLS, pass security=tls_security(ca, cert, key) "
+                "(CLI: --tls-ca-file/--tls-cert/--tls-key).")
+        raise DaskrlError(
+            f"could not connect to {where} at {address}: {type(e).__name__}: {e}."
+            f"{hint}"
+        ) from e
+
+
+def _check_listening(address: str, where: str, timeout: float) -> None:
+    """Fail fast, with the address in the message, when nothing accepts connections there."""
+    from distributed.comm import parse_address, parse_host_port
+
+    try:
+        protocol, loc = parse_address(address)
+    except ValueError as e:
+        raise ConfigError(f"{address!r} is not a Dask scheduler address: {e}") from e
+    if protocol not in ("tcp", "tls"):  # inproc://, ucx://...: let distributed connect
+        from distributed.comm.registry import get_backend
+
+        try:
+            get_backend(protocol)
+        except ValueError as e:
+            raise ConfigError(f"{address!r} is not a Dask scheduler address: {e}") from e
+        return
+    host, port = parse_host_port(loc, default_port=8786)
+    try:
+        socket.create_connection((host, port), timeout=min(timeout, 10.0)).close()
+    except OSError as e:
+        raise DaskrlError(
+            f"nothing accepts connections at {address} ({where}): {e}. Check that the "
+            "scheduler runs, its host and port, and that no firewall is in between."
+        ) from e
+
+
+def _security_from_config() -> Security | None:
+    """TLS settings from dask config (``distributed.comm.tls.*``), if any are set."""
+    sec = Security()
+    return sec if sec.tls_ca_file else None
+
+
+def _start_slurm(workers: int | None, security: Security | bool, jobqueue_config: Any,
+                 options: dict[str, Any]) -> Deployment:
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError as e:
+        raise DaskrlError(
+            f"cluster='slurm' needs dask-jobqueue, which is not installed: {SLURM_EXTRA}"
+        ) from e
+    if jobqueue_config is not None:  # its settings, as SLURMCluster arguments; options win
+        options = {**_slurm_options(Path(jobqueue_config)), **options}
+    if security is not False:
+        shared = options.get("shared_temp_directory") or dask.config.get(
+            "jobqueue.slurm.shared-temp-directory", None)
+        options["shared_temp_directory"] = _private_directory(shared)
+    slurm = SLURMCluster(security=security or None, **options)
+    try:
+        if workers:
+            # Adaptive with a fixed size: a worker that retires at its --lifetime (before the
+            # walltime) is replaced by a new job.
+            slurm.adapt(minimum=workers, maximum=workers)
+        return Deployment(Client(slurm, set_as_default=False), slurm)
+    except BaseException:
+        slurm.close()
+        raise
+
+
+def _slurm_options(path: Path) -> dict[str, Any]:
+    """``SLURMCluster`` keyword arguments from the ``jobqueue.slurm`` section of a dask config
+    file (dask-jobqueue reads its config anew for every job, so a temporary
+    ``dask.config.set`` would not last; explicit arguments do)."""
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"jobqueue_config {str(path)!r} does not exist.")
+    data = yaml.safe_load(path.read_text()) or {}
+    section = data.get("jobqueue", {}).get("slurm") if isinstance(data, Mapping) else None
+    if not isinstance(section, Mapping):
+        raise ConfigError(
+            f"jobqueue_config {str(path)!r} has no 'jobqueue: slurm:' section; see "
+            "deploy/slurm/jobqueue.yaml for the layout."
+        )
+    renamed = {"name": "job_name"}
+    return {renamed.get(k, k.replace("-", "_")): v for k, v in section.items() if v is not None}
+
+
+def _private_directory(path: str | None) -> str:
+    """The directory where SLURM TLS keys go: shared with the compute nodes, private to you."""
+    if not path:
+        raise ConfigError(
+            "TLS on SLURM (the default) writes the workers' keys to a directory the compute "
+            "nodes can read: set jobqueue.slurm.shared-temp-directory (in jobqueue.yaml) or "
+            "pass shared_temp_directory=, e.g. '~/.daskrl-tls' on your shared home, mode 700."
+        )
+    expanded = Path(os.path.expandvars(os.path.expanduser(path)))
+    expanded.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(expanded.stat().st_mode)
+    if mode & 0o077:
+        raise ConfigError(
+            f"shared_temp_directory {str(expanded)!r} has mode {mode:o}; the cluster's keys go "
+            "there and whoever reads them can run code on your workers. Run "
+            f"`chmod 700 {expanded}` (or pick a private directory)."
+        )
+    return path
+
+
+def _device_on_worker(dask_worker: Any) -> dict[str, str]:
+    out = {
+        "name": str(dask_worker.name),
+        DEVICE_ENV_VAR: os.environ.get(DEVICE_ENV_VAR, ""),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "threads": str(dask_worker.state.nthreads),
+    }
+    try:
+        out["device"] = str(resolve_device("auto", out["name"], dask_worker.address))
+    except DaskrlError as e:
+        out["device"] = f"error: {e}"
+    return out
+
+
+def worker_report(client: Client) -> dict[str, dict[str, str]]:
+    """Per worker address: its name, threads, the device ``device="auto"`` resolves to there
+    (or ``"error: ..."``), and its ``DASKRL_DEVICE`` and ``CUDA_VISIBLE_DEVICES``."""
+    return dict(sorted(client.run(_device_on_worker).items()))
