@@ -88,6 +88,8 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                        help="start a cluster: local (default) or slurm (dask-jobqueue)")
     g.add_argument("--jobqueue-config", default=None, metavar="YAML",
                    help="--cluster slurm: dask config file, e.g. deploy/slurm/jobqueue.yaml")
+    g.add_argument("--no-tls", action="store_true",
+                   help="embedded cluster without TLS (default: TLS with temporary credentials)")
     g.add_argument("--tls-ca-file", default=None, metavar="PEM")
     g.add_argument("--tls-cert", default=None, metavar="PEM")
     g.add_argument("--tls-key", default=None, metavar="PEM")
@@ -216,12 +218,16 @@ def _info(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``daskrl`` command."""
+    import dask
+
     args = _parser().parse_args(argv)
+    no_tls = {"daskrl.embedded-cluster.tls": False} if getattr(args, "no_tls", False) else {}
     try:
-        if args.command == "collect":
-            return _collect(args)
-        if args.command == "info":
-            return _info(args)
+        with dask.config.set(no_tls):
+            if args.command == "collect":
+                return _collect(args)
+            if args.command == "info":
+                return _info(args)
     except (DaskrlError, ValueError) as e:
         print(f"daskrl: error: {e}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from .cluster import local_cluster
 from .config import CollectorConfig, Compression, check_mapping
 from .devices import DeviceSetting, check_device_setting
 from .envs import EnvLike, EnvSpec, check_env_vars
-from .errors import CollectorClosedError, ConfigError, DaskrlError, PolicyError
+from .errors import CollectorClosedError, ConfigError, DaskrlError, PolicyError, StoreError
 from .handles import BatchHandle
 from .rollout import check_action, split_policy_output
 from .store import BATCH_IDS_PER_RUN, TrajectoryStore
@@ -31,6 +31,7 @@ from .worker import (
     CollectorPlugin,
     collect_batch,
     preload_weights,
+    probe_store,
 )
 
 __all__ = ["Collector"]
@@ -223,9 +224,32 @@ class Collector:
         self._batches = 0
         self._episodes: list[float] = []
         self._started = time.perf_counter()
+        self._probe_store(workers)
         # Every worker builds the policy, picks its device and loads version 0 now, so a bad
         # device, policy or weights path fails here rather than in the first batch.
         self.update_weights(module, wait=True)
+
+    def _probe_store(self, workers: list[str]) -> None:
+        """Every worker must see and write the learner's store: the classic failure is a local
+        path on a cluster of several machines, where each worker writes its own directory."""
+        token = uuid.uuid4().hex
+        self._store.write_probe(self.run, "learner", token)
+        try:
+            futures = [
+                self.client.submit(probe_store, self._plugin_name, self.run, token, workers=[w],
+                                   key=f"daskrl-probe-{self._id}-{w}", pure=False)
+                for w in workers
+            ]
+            for address in self.client.gather(futures):
+                if self._store.read_probe(self.run, address) != token:
+                    raise StoreError(
+                        f"the learner does not see what worker {address} wrote to the store "
+                        f"{self._store.url!r}. A local path is not shared between machines: use "
+                        "a shared filesystem mounted at the same path everywhere, or an object "
+                        "store URL."
+                    )
+        finally:
+            self._store.clear_probes(self.run)
 
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, policy: torch.nn.Module, *, wait: bool = False) -> int:

@@ -168,9 +168,42 @@ class TrajectoryStore:
                     "nonce": uuid.uuid4().hex,
                 }
             )
-            if self._create_exclusive(f"runs/{run:04d}/zarr.json", doc):
+            try:
+                created = self._create_exclusive(f"runs/{run:04d}/zarr.json", doc)
+            except OSError as e:
+                raise StoreError(
+                    f"cannot write to the store {self.url!r} ({type(e).__name__}: {e}). Check "
+                    "that the path is writable and its filesystem not full or read-only."
+                ) from e
+            if created:
                 return run
             run += 1
+
+    # -- reachability probes: does every worker see this very store? ---------------------------
+    def write_probe(self, run: int, name: str, token: str) -> None:
+        """Leave a small marker under ``runs/<run>/probes/`` (raises :class:`StoreError`)."""
+        base = f"runs/{run:04d}/probes"
+        slug = "".join(c if c.isalnum() else "-" for c in name)
+        try:
+            sync(self._zstore.set(f"{base}/zarr.json", _json_bytes(_group_doc({}))))
+            sync(self._zstore.set(f"{base}/{slug}/zarr.json",
+                                  _json_bytes(_group_doc({"name": name, "token": token}))))
+        except OSError as e:
+            raise StoreError(
+                f"{name} cannot write to the store {self.url!r} ({type(e).__name__}: {e}). "
+                "Check that the path is writable there and its filesystem not full or "
+                "read-only."
+            ) from e
+
+    def read_probe(self, run: int, name: str) -> str | None:
+        """The token of ``name``'s marker, or None if this process cannot see it."""
+        slug = "".join(c if c.isalnum() else "-" for c in name)
+        doc = self._get_json(f"runs/{run:04d}/probes/{slug}/zarr.json")
+        return None if doc is None else doc["attributes"].get("token")
+
+    def clear_probes(self, run: int) -> None:
+        """Remove the run's markers."""
+        self._delete_prefix(f"runs/{run:04d}/probes")
 
     def _list_groups(self, prefix: str) -> list[str]:
         async def _ls() -> list[str]:

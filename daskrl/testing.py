@@ -19,6 +19,7 @@ __all__ = [
     "CountingEnv",
     "EnvVarEnv",
     "FaultyEnv",
+    "NoisePolicy",
     "SlowEnv",
     "TagPolicy",
     "worker_weights",
@@ -188,3 +189,15 @@ class FaultyEnv(CountingEnv):
 
                 time.sleep(self.hang)
         return obs, r, term, trunc, info
+
+
+class NoisePolicy(nn.Module):
+    """Action 0, plus an extra output ``"noise"`` of ``width`` incompressible floats per env."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.width = width
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        n = obs.shape[0]
+        return {"action": torch.zeros(n, dtype=torch.int64), "noise": torch.rand(n, self.width)}

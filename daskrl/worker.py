@@ -21,7 +21,7 @@ from distributed import Future, WorkerPlugin, get_client, get_worker
 from .config import CollectorConfig
 from .devices import DeviceSetting, resolve_device
 from .envs import EnvSpec, apply_env_vars
-from .errors import BatchTimeoutError, DaskrlError, EnvError
+from .errors import BatchTimeoutError, DaskrlError, EnvError, StoreError
 from .handles import BatchHandle
 from .rollout import EnvSet
 from .store import TrajectoryStore
@@ -204,6 +204,23 @@ def preload_weights(plugin_name: str, version: int, name: str, key: str) -> str:
     with plugin._lock:
         plugin.ready_policy(version, name, key)
     return str(plugin.device)
+
+
+def probe_store(plugin_name: str, run: int, token: str) -> str:
+    """Check this worker sees the learner's marker in the store, and leave its own."""
+    worker = get_worker()
+    plugin: CollectorPlugin = worker.plugins[plugin_name]
+    store = plugin.get_store()
+    seen = store.read_probe(run, "learner")
+    if seen != token:
+        raise StoreError(
+            f"worker {worker.address} does not see the store {store.url!r} that the learner "
+            "writes to (the learner's marker is missing there). A local path is not shared "
+            "between machines: use a shared filesystem (FSx, Lustre, NFS) mounted at the same "
+            "path everywhere, or an object store URL."
+        )
+    store.write_probe(run, worker.address, token)
+    return worker.address
 
 
 def _seed_for(seed: int, batch_id: int) -> int:

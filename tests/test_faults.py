@@ -192,3 +192,71 @@ def test_garbage_collected_collector_releases_everything(client, tmp_path):
         time.sleep(0.05)
     assert not client.list_datasets()
     assert not any(name in p for p in client.run(lambda dask_worker: list(dask_worker.plugins)).values())
+
+
+def test_a_store_the_workers_cannot_see_is_refused_at_start(client):
+    # memory:// lives in each process: spawn-started workers do not see the learner's, just as
+    # workers on other machines do not see a learner's local disk.
+    url = "memory://daskrl-not-shared"
+    with pytest.raises(daskrl.StoreError, match=re.escape("does not see the store 'memory://daskrl-not-shared' that the learner writes to")):
+        daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, client=client)
+    assert not client.list_datasets()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real, tiny filesystem (root can mount tmpfs; CI runs as root)."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_read_only_filesystem_is_refused_before_collection(client, tmpfs):
+    import subprocess
+
+    daskrl.TrajectoryStore(str(tmpfs / "s"), read_only=False).initialize()
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    with pytest.raises(daskrl.StoreError, match="Read-only file system"):
+        daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), str(tmpfs / "s"),
+                         client=client)
+    assert not client.list_datasets()
+
+
+def test_full_filesystem_fails_clearly_and_leaves_no_partial_batch(client, tmpfs):
+    url = str(tmpfs / "s")
+    # Batches of ~200 KiB each (zstd cannot shrink random observations) fill 256 KiB fast.
+    env = functools.partial(daskrl.testing.EnvVarEnv, "UNSET", 10_000)
+    with daskrl.Collector(env, daskrl.testing.NoisePolicy(64), url, client=client,
+                          envs_per_worker=8, frames_per_batch=400, total_frames=None) as c, \
+            pytest.raises(daskrl.StoreError, match="No space left on device"):
+        for _ in c:
+            pass
+    store = daskrl.open_store(url)
+    for bid in store.batch_ids():  # every visible batch is whole
+        assert store.load(bid)["noise"].shape == (50, 8, 64)
+
+
+def test_embedded_cluster_speaks_tls_and_refuses_plain_clients(tmp_path):
+    import dask
+
+    with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), str(tmp_path / "a"),
+                          envs_per_worker=2, frames_per_batch=10, total_frames=20,
+                          num_workers=1) as collector:
+        address = collector.client.scheduler.address
+        assert address.startswith("tls://")
+        assert len(list(collector)) == 2
+        for plain in (address, address.replace("tls://", "tcp://")):
+            with pytest.raises((OSError, TypeError, ValueError)):  # noqa: PT011
+                Client(plain, timeout=2, set_as_default=False)
+    with dask.config.set({"daskrl.embedded-cluster.tls": False}), daskrl.Collector(
+            "daskrl.testing:Counting-v0", TagPolicy(), str(tmp_path / "b"), envs_per_worker=2,
+            frames_per_batch=10, total_frames=20, num_workers=1) as collector:
+        assert collector.client.scheduler.address.startswith("tcp://")  # the documented opt-out
