@@ -147,7 +147,7 @@ def test_learner_script_runs_on_the_embedded_local_cluster(tmp_path):
         capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
-    assert re.search(r"batch 1 from tcp://127\.0\.0\.1:\d+ \(cpu\): loss -?\d+\.\d+, "
+    assert re.search(r"batch 1 from tls://127\.0\.0\.1:\d+ \(cpu\): loss -?\d+\.\d+, "
                      r"weights v2, ", out.stdout), out.stdout
     assert f"done: 256 frames in {store}" in out.stdout
 
