@@ -1,4 +1,5 @@
-"""The ``daskrl`` command line: ``daskrl collect`` runs a collection on the embedded default."""
+"""The ``daskrl`` command line: ``daskrl collect`` runs a collection on the embedded default;
+``daskrl inspect``, ``gc`` and ``prune`` look after a store."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .cli_store import add_store_commands, run_store_command
 from .errors import DaskrlError
 
 __all__ = ["main"]
@@ -67,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--scheduler", default=None,
                    help="address of a running Dask scheduler (default: embedded LocalCluster)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_store_commands(sub)
     return p
 
 
@@ -125,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "collect":
             return _collect(args)
+        code = run_store_command(args)
+        if code is not None:
+            return code
     except (DaskrlError, ValueError) as e:
         print(f"daskrl: error: {e}", file=sys.stderr)
         return 2

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
@@ -33,6 +32,9 @@ from zarr.storage import FsspecStore, LocalStore
 from .config import Compression
 from .errors import BatchNotFoundError, StoreError, StoreFormatError
 from .handles import BatchHandle
+from .housekeeping import StoreHousekeeping
+from .readers import StoreReaders
+from .zarr_decode import read_arrays
 from .zarr_encode import encode_array, group_document
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "TrajectoryStore", "normalize_url", "open_store"]
@@ -81,7 +83,7 @@ def _group_doc(attributes: Mapping[str, Any]) -> dict[str, Any]:
     return {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes)}
 
 
-class TrajectoryStore:
+class TrajectoryStore(StoreReaders, StoreHousekeeping):
     """A daskrl store: write batches (workers), list and load them (learners, no cluster)."""
 
     def __init__(
@@ -110,6 +112,17 @@ class TrajectoryStore:
     def _create_exclusive(self, key: str, doc: Mapping[str, Any]) -> bool:
         """Create ``key`` unless it exists; True if this call's document is the one stored."""
         data = _json_bytes(doc)
+        if isinstance(self._zstore, FsspecStore):
+            # zarr's generic set_if_not_exists checks, then writes: two writers can both win.
+            # fsspec's mode="create" is a real exclusive create (S3: If-None-Match: *).
+            try:
+                sync(self._zstore.fs._pipe_file(f"{self._zstore.path}/{key}", data.to_bytes(),
+                                                mode="create"))
+                return True
+            except FileExistsError:
+                return False
+            except (TypeError, NotImplementedError):  # a filesystem without exclusive creates
+                pass
         sync(self._zstore.set_if_not_exists(key, data))
         stored = self._get_json(key)
         return stored == json.loads(data.to_bytes())
@@ -155,7 +168,7 @@ class TrajectoryStore:
 
     def register_run(self, settings: Mapping[str, Any]) -> int:
         """Claim the next free run number (exclusive create) and record ``settings``."""
-        existing = sorted(int(k) for k in self._list_groups("runs"))
+        existing = sorted(int(k) for k in self._list_groups("runs") if k.isdigit())
         run = existing[-1] + 1 if existing else 0
         while True:
             if run * BATCH_IDS_PER_RUN >= 2**39:
@@ -222,13 +235,18 @@ class TrajectoryStore:
 
     # -- reading -----------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Pick up batches committed since the last look."""
-        for key in self._list_groups("commits"):
-            bid = int(key)
-            if bid not in self._commits:
-                doc = self._get_json(f"commits/{key}/zarr.json")
-                if doc is not None:
-                    self._commits[bid] = doc["attributes"]
+        """Pick up batches committed, and drop batches deleted, since the last look."""
+        if isinstance(self._zstore, FsspecStore):
+            # s3fs and others cache listings: without this a poller never sees new commits.
+            self._zstore.fs.invalidate_cache(f"{self._zstore.path}/commits")
+        # Only commit directories (12 digits) count: debris such as zarr.<hex>.partial does not.
+        listed = {int(k) for k in self._list_groups("commits") if k.isdigit() and len(k) == 12}
+        for bid in set(self._commits) - listed:
+            del self._commits[bid]
+        for bid in sorted(listed - set(self._commits)):
+            doc = self._get_json(f"commits/{bid:012d}/zarr.json")
+            if doc is not None:
+                self._commits[bid] = doc["attributes"]
 
     def batch_ids(self) -> list[int]:
         """Committed batch ids, ascending."""
@@ -274,34 +292,49 @@ class TrajectoryStore:
     def load_path(
         self, path: str, device: torch.device | str | None = None, keys: Sequence[str] | None = None
     ) -> dict[str, torch.Tensor]:
-        """Load the batch group at ``path`` (as named by a commit record)."""
-        try:
-            group = zarr.open_group(self._zstore, path=path, mode="r")
-        except FileNotFoundError as e:
-            raise BatchNotFoundError(f"batch data {path!r} is missing from {self.url!r}.") from e
-        names = list(keys) if keys is not None else sorted(group.array_keys())
-        out = {}
-        for name in names:
-            try:
-                arr = group[name][...]
-            except KeyError as e:
-                raise KeyError(
-                    f"batch {path!r} has no array {name!r}; it has {sorted(group.array_keys())}."
-                ) from e
-            except Exception as e:
-                raise StoreError(
-                    f"cannot read array {name!r} of batch {path!r} in {self.url!r}: {e}"
-                ) from e
-            t = torch.from_numpy(np.ascontiguousarray(arr))
-            out[name] = t if device is None else t.to(device)
+        """Load the batch group at ``path`` (as named by a commit record).
+
+        Every array's metadata is checked against the allowlist of
+        :mod:`daskrl.zarr_decode` before any data is read; each array is decoded straight into
+        one tensor (pinned when ``device`` is CUDA) and moved to ``device`` with one copy.
+        """
+        batch_id = _batch_id_of(path)
+        where = f"batch {batch_id} ({path!r})" if batch_id is not None else f"batch {path!r}"
+        out = read_arrays(self._zstore, path, where, keys, device, self.url)
+        if batch_id is not None:
+            # Deletion removes the commit record first, then the data: if the record still
+            # names this attempt now, nothing was deleted under the read (no chunk read as a
+            # missing all-zero chunk by mistake).
+            rec = self._get_json(f"commits/{batch_id:012d}/zarr.json")
+            if rec is None or (rec.get("attributes") or {}).get("path") != path:
+                self._commits.pop(batch_id, None)
+                raise BatchNotFoundError(
+                    f"batch {batch_id} of {self.url!r} was deleted while it was being read "
+                    f"({path!r} is no longer committed)."
+                )
         return out
 
 
+def _batch_id_of(path: str) -> int | None:
+    """Batch id of an attempt path ``batches/<id:012d>-<attempt>`` (None for other paths)."""
+    parts = path.split("/")
+    if len(parts) == 2 and parts[0] == "batches" and parts[1][:12].isdigit():
+        return int(parts[1][:12])
+    return None
+
+
 def open_store(
-    url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+    url: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    writable: bool = False,
 ) -> TrajectoryStore:
-    """Open an existing daskrl store for reading; no cluster needed."""
-    store = TrajectoryStore(url, storage_options, read_only=True)
+    """Open an existing daskrl store; no cluster needed.
+
+    ``writable=True`` allows housekeeping (``delete_batches``, ``keep_last``,
+    ``collect_garbage``); reading never needs it.
+    """
+    store = TrajectoryStore(url, storage_options, read_only=not writable)
     store.check_format()
     return store
 
