@@ -241,6 +241,10 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             self._zstore.fs.invalidate_cache(f"{self._zstore.path}/commits")
         # Only commit directories (12 digits) count: debris such as zarr.<hex>.partial does not.
         listed = {int(k) for k in self._list_groups("commits") if k.isdigit() and len(k) == 12}
+        if isinstance(self._zstore, LocalStore):
+            # A directory outlives its record for a moment while a batch is deleted.
+            root = Path(self._zstore.root) / "commits"
+            listed = {b for b in listed if (root / f"{b:012d}" / "zarr.json").is_file()}
         for bid in set(self._commits) - listed:
             del self._commits[bid]
         for bid in sorted(listed - set(self._commits)):

@@ -39,12 +39,14 @@ def summarize(store: Any) -> dict[str, Any]:
     lengths = [int(n) for r in records.values() for n in (r.get("episode_lengths") or [])]
     # bytes: one listing of batches/ gives every attempt's files and sizes
     committed_paths = {r["path"] for r in records.values()}
-    stored = garbage = 0
+    stored = chunks = garbage = 0
     for key, size, _ in store._files("batches"):
         parts = key.split("/")
         attempt = "/".join(parts[:2])
         if attempt in committed_paths:
             stored += size
+            if parts[-1] != "zarr.json":
+                chunks += size
         elif len(parts) > 2 or key.endswith(".partial"):
             garbage += size
     raw = 0
@@ -74,7 +76,8 @@ def summarize(store: Any) -> dict[str, Any]:
         "workers": len({r["worker"] for r in records.values()}),
         "bytes_on_disk": stored,
         "bytes_uncompressed": raw,
-        "compression_ratio": raw / stored if stored else math.nan,
+        "bytes_of_chunks": chunks,
+        "compression_ratio": raw / chunks if chunks else math.nan,
         "garbage_bytes": garbage,
     }
 
@@ -106,8 +109,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"weights versions:  {versions}",
         f"workers:           {s['workers']}",
         f"bytes on disk:     {_size(s['bytes_on_disk'])} "
-        f"({_size(s['bytes_uncompressed'])} uncompressed, "
-        f"compression ratio {num(s['compression_ratio'])})",
+        f"(chunks {_size(s['bytes_of_chunks'])} of {_size(s['bytes_uncompressed'])} "
+        f"uncompressed: compression ratio {num(s['compression_ratio'])})",
         f"garbage:           {_size(s['garbage_bytes'])} (remove with: daskrl gc URL)",
     ])
 
@@ -129,9 +132,11 @@ def plot_returns(store: Any, path: str | Path, title: str | None = None) -> Path
     try:
         if ys.size:
             ax.scatter(xs, ys, s=6, alpha=0.35, label="episode return")
-            k = min(100, ys.size)
-            running = np.convolve(ys, np.ones(k) / k, mode="valid")
-            ax.plot(xs[k - 1:], running, color="C1", lw=2, label=f"mean of last {k}")
+            c = np.concatenate([[0.0], np.cumsum(ys)])
+            i = np.arange(1, ys.size + 1)
+            lo = np.maximum(0, i - 100)
+            running = (c[i] - c[lo]) / (i - lo)  # trailing mean of up to 100 episodes
+            ax.plot(xs, running, color="C1", lw=2, label="mean of the last 100 episodes")
             ax.legend(loc="best")
         else:
             ax.text(0.5, 0.5, "no episode has ended yet", ha="center", va="center",
