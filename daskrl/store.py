@@ -29,13 +29,14 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
+from . import local_io
 from .config import Compression
 from .errors import BatchNotFoundError, StoreError, StoreFormatError
 from .handles import BatchHandle
 from .housekeeping import StoreHousekeeping
 from .readers import StoreReaders
 from .zarr_decode import read_arrays
-from .zarr_encode import encode_array, group_document
+from .zarr_encode import encode_array_parts, group_document
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "TrajectoryStore", "normalize_url", "open_store"]
 
@@ -103,6 +104,9 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
 
     # -- low level ---------------------------------------------------------------------------
     def _get_json(self, key: str) -> dict[str, Any] | None:
+        if isinstance(self._zstore, LocalStore):
+            raw = local_io.read_file(self._zstore.root, key)
+            return None if raw is None else json.loads(raw)
         try:
             buf = sync(self._zstore.get(key, prototype=default_buffer_prototype()))
         except FileNotFoundError:  # a read-only LocalStore whose root does not exist
@@ -112,6 +116,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
     def _create_exclusive(self, key: str, doc: Mapping[str, Any]) -> bool:
         """Create ``key`` unless it exists; True if this call's document is the one stored."""
         data = _json_bytes(doc)
+        if isinstance(self._zstore, LocalStore):  # temp file + link: atomic and exclusive
+            return local_io.create_exclusive(self._zstore.root, key, data.to_bytes())
         if isinstance(self._zstore, FsspecStore):
             # zarr's generic set_if_not_exists checks, then writes: two writers can both win.
             # fsspec's mode="create" is a real exclusive create (S3: If-None-Match: *).
@@ -206,19 +212,24 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         """
         path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}"
         meta = {**meta, "batch_id": batch_id, "path": path}
-        files = [(f"{path}/zarr.json", group_document(meta))]
+        files: list[tuple[str, list[Any]]] = [(f"{path}/zarr.json", [group_document(meta)])]
         for name, arr in arrays.items():
-            files.extend(encode_array(f"{path}/{name}", arr, Compression(compression)))
+            files.extend(encode_array_parts(f"{path}/{name}", arr, Compression(compression)))
         proto = default_buffer_prototype()
 
         async def write_all() -> None:
             # One concurrent burst: every file of the batch is in place before the commit.
-            await asyncio.gather(
-                *(self._zstore.set(key, proto.buffer.from_bytes(data)) for key, data in files)
-            )
+            await asyncio.gather(*(
+                self._zstore.set(key, proto.buffer.from_bytes(b"".join(map(bytes, parts))))
+                for key, parts in files
+            ))
 
         try:
-            sync(write_all())
+            if isinstance(self._zstore, LocalStore):
+                # In place (the attempt is invisible until committed); see daskrl.local_io.
+                local_io.write_new_files(self._zstore.root, files, _write_pool())
+            else:
+                sync(write_all())
         except OSError as e:
             raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}") from e
         record = _group_doc(meta)
@@ -317,6 +328,12 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                     f"({path!r} is no longer committed)."
                 )
         return out
+
+
+def _write_pool() -> Any:
+    from .zarr_decode import _pool
+
+    return _pool()
 
 
 def _batch_id_of(path: str) -> int | None:

@@ -37,6 +37,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
+from . import local_io
 from .errors import BatchNotFoundError, StoreError, StoreFormatError
 
 __all__ = [
@@ -67,6 +68,8 @@ MAX_CHUNK_BYTES = 1 << 32
 """Largest decoded chunk accepted (4 GiB); daskrl writes chunks of at most 8 MiB per step."""
 _PARALLEL_BYTES = 1 << 20
 """Batches smaller than this are read on the calling thread (pool overhead would dominate)."""
+_CRC_BLOCK = 256 << 10
+"""Bytes read per ``readinto`` before checksumming them (while they are in the CPU cache)."""
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -314,33 +317,48 @@ def _verify_crc(buf: np.ndarray) -> None:
         )
 
 
-def _read_local(path: Path, layout: ArrayLayout, out: np.ndarray) -> bool:
-    """Read the chunk file ``path`` into ``out``; False if the file does not exist."""
+def _read_local(path: Path, layout: ArrayLayout, out: np.ndarray, valid: int) -> bool:
+    """Read the chunk file ``path`` into ``out``; False if the file does not exist.
+
+    ``out`` is C-contiguous.  For an uncompressed little-endian chunk it may hold only the
+    first ``valid`` bytes of the chunk (a padded edge chunk whose padding is not wanted): the
+    bytes are read straight into ``out`` with ``readinto`` (the kernel's copy is the only one)
+    and the checksum is computed over them and the padding.
+    """
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below; readinto needs the raw file
+        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below; raw readinto
     except FileNotFoundError:
         return False
     with f:
         if layout.compressor is None and not layout.big_endian:
-            # Straight into the tensor's memory: the only copy is the kernel's.
-            dest = out.reshape(-1).view(np.uint8)
-            n = f.readinto(memoryview(dest))
-            tail = f.read()
-            if n != dest.size or len(tail) != (4 if layout.checksum else 0):
-                raise ChunkError(
-                    f"chunk holds {n + len(tail)} bytes, expected "
-                    f"{dest.size + (4 if layout.checksum else 0)}"
-                )
+            dest = out.reshape(-1).view(np.uint8)[:valid]
+            n = 0
+            view = memoryview(dest)
+            computed = 0
+            while n < valid:
+                # block by block, so the checksum reads each block while it is still in cache
+                got = f.readinto(view[n:n + _CRC_BLOCK])
+                if not got:
+                    break
+                if layout.checksum:
+                    computed = google_crc32c.extend(computed, dest[n:n + got])
+                n += got
+            tail = f.readall()
+            want_tail = layout.chunk_nbytes - valid + (4 if layout.checksum else 0)
+            if n != valid or len(tail) != want_tail:
+                raise ChunkError(f"chunk holds {n + len(tail)} bytes, expected "
+                                 f"{valid + want_tail}")
             if layout.checksum:
-                stored = int.from_bytes(tail, "little")
-                computed = google_crc32c.value(dest)
+                stored = int.from_bytes(tail[-4:], "little")
+                if len(tail) > 4:
+                    computed = google_crc32c.extend(computed, tail[:-4])
                 if stored != computed:
                     raise ChunkError(
                         f"crc32c mismatch (stored {stored:#010x}, computed {computed:#010x}): "
                         "the chunk is corrupt or was modified"
                     )
             return True
-        data = f.read()
+        data = f.readall()
     decode_chunk(data, layout, out)
     return True
 
@@ -369,7 +387,9 @@ def list_arrays(zstore: Any, path: str) -> list[str]:
     async def _ls() -> list[str]:
         return [k async for k in zstore.list_dir(path + "/")]
 
-    names = (k.rstrip("/") for k in sync(_ls()))
+    local = isinstance(zstore, LocalStore)
+    listed = local_io.listdir(zstore.root, path) if local else sync(_ls())
+    names = (k.rstrip("/") for k in listed)
     return sorted(n for n in names if n and n != "zarr.json" and "." not in n)
 
 
@@ -381,13 +401,17 @@ def read_metadata(zstore: Any, path: str, names: Sequence[str]) -> list[Any]:
         return await asyncio.gather(*(zstore.get(f"{path}/{n}/zarr.json", prototype=proto)
                                       for n in names))
 
+    if isinstance(zstore, LocalStore):
+        raws = [local_io.read_file(zstore.root, f"{path}/{n}/zarr.json") for n in names]
+    else:
+        raws = [None if b is None else b.to_bytes() for b in sync(_get())]
     out = []
-    for name, buf in zip(names, sync(_get())):
-        if buf is None:
+    for name, raw in zip(names, raws):
+        if raw is None:
             out.append(None)
             continue
         try:
-            out.append(json.loads(buf.to_bytes()))
+            out.append(json.loads(raw))
         except ValueError as e:
             raise StoreFormatError(f"array {name!r} of {path!r}: zarr.json is not JSON: {e}") from e
     return out
@@ -474,9 +498,16 @@ def _place(lay: ArrayLayout, arr: np.ndarray, region: tuple[slice, ...], buf: np
 def _run_local(root: Path, jobs: list[Any], parallel: bool) -> None:
     def one(job: Any) -> None:
         name, key, lay, arr, region = job
-        buf, direct = _dest(lay, arr, region)
+        raw = lay.compressor is None and not lay.big_endian
         try:
-            found = _read_local(root / key, lay, buf)
+            if raw and lay.chunk_shape[1:] == lay.shape[1:]:
+                # chunks split the first axis only: the chunk's rows are one contiguous block
+                dest = arr[region]
+                if not _read_local(os.path.join(root, key), lay, dest, dest.nbytes):
+                    dest[...] = lay.fill_value
+                return
+            buf, direct = _dest(lay, arr, region)
+            found = _read_local(os.path.join(root, key), lay, buf, buf.nbytes)
         except Exception as e:
             raise _JobError(name, key, e) from e
         _place(lay, arr, region, buf, direct, found)

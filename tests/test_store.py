@@ -146,7 +146,7 @@ def test_chunk_corruption_is_detected_on_read(tmp_path):
 
 @pytest.mark.parametrize("compression", ["zstd", "lz4", "none"])
 @pytest.mark.parametrize(("dtype", "shape"), [
-    (np.float32, (37, 3, 4)), (np.bool_, (5, 2)), (np.int64, (9, 2)), (np.uint8, (6, 2, 84, 84)),
+    (np.float32, (37, 3, 4)), (np.float32, (37, 5, 10)), (np.bool_, (5, 2)), (np.int64, (9, 2)), (np.uint8, (6, 2, 84, 84)),
     (np.float16, (3, 1)), (np.float64, (4, 2, 1)),
 ])
 def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compression, monkeypatch):
