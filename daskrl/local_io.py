@@ -18,14 +18,29 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["create_exclusive", "listdir", "read_file", "write_new_files"]
+__all__ = ["create_exclusive", "listdir", "read_file", "thread_pool", "write_new_files"]
 
 _PARALLEL_BYTES = 4 << 20
+_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def thread_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's pool for concurrent chunk reads and writes (file I/O releases the GIL);
+    recreated after a fork, whose child has none of the parent's threads."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            workers = min(16, (os.cpu_count() or 1) + 4)
+            _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(
+                workers, thread_name_prefix="daskrl-io"))
+        return _POOL[1]
 
 
 def read_file(root: Path, key: str) -> bytes | None:

@@ -118,7 +118,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         data = _json_bytes(doc)
         if isinstance(self._zstore, LocalStore):  # temp file + link: atomic and exclusive
             return local_io.create_exclusive(self._zstore.root, key, data.to_bytes())
-        if isinstance(self._zstore, FsspecStore):
+        if isinstance(self._zstore, FsspecStore) and _has_exclusive_create(self._zstore.fs):
             # zarr's generic set_if_not_exists checks, then writes: two writers can both win.
             # fsspec's mode="create" is a real exclusive create (S3: If-None-Match: *).
             try:
@@ -127,8 +127,6 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 return True
             except FileExistsError:
                 return False
-            except (TypeError, NotImplementedError):  # a filesystem without exclusive creates
-                pass
         sync(self._zstore.set_if_not_exists(key, data))
         stored = self._get_json(key)
         return stored == json.loads(data.to_bytes())
@@ -227,7 +225,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         try:
             if isinstance(self._zstore, LocalStore):
                 # In place (the attempt is invisible until committed); see daskrl.local_io.
-                local_io.write_new_files(self._zstore.root, files, _write_pool())
+                local_io.write_new_files(self._zstore.root, files, local_io.thread_pool())
             else:
                 sync(write_all())
         except OSError as e:
@@ -330,10 +328,14 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         return out
 
 
-def _write_pool() -> Any:
-    from .zarr_decode import _pool
+_EXCLUSIVE_PROTOCOLS = frozenset({"s3", "s3a", "memory"})
+"""fsspec protocols whose ``pipe_file(mode="create")`` is known to be an exclusive create
+(s3fs sends ``If-None-Match: *``); others may ignore the mode and overwrite."""
 
-    return _pool()
+
+def _has_exclusive_create(fs: Any) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return bool(_EXCLUSIVE_PROTOCOLS.intersection(protocols))
 
 
 def _batch_id_of(path: str) -> int | None:

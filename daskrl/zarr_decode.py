@@ -17,13 +17,11 @@ thread pool (local files) or one concurrent burst of requests (fsspec stores).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import itertools
 import json
 import math
 import os
-import threading
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -363,21 +361,6 @@ def _read_local(path: Path, layout: ArrayLayout, out: np.ndarray, valid: int) ->
     return True
 
 
-_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    """This process's reader pool (recreated after a fork: a forked child has no threads)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid():
-            workers = min(16, (os.cpu_count() or 1) + 4)
-            _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(
-                workers, thread_name_prefix="daskrl-read"))
-        return _POOL[1]
-
-
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
@@ -393,8 +376,7 @@ def list_arrays(zstore: Any, path: str) -> list[str]:
     return sorted(n for n in names if n and n != "zarr.json" and "." not in n)
 
 
-def read_metadata(zstore: Any, path: str, names: Sequence[str]) -> list[Any]:
-    """The parsed ``zarr.json`` of each array ``path/name`` (None where missing)."""
+def _read_raw_metadata(zstore: Any, path: str, names: Sequence[str]) -> list[bytes | None]:
     proto = default_buffer_prototype()
 
     async def _get() -> list[Any]:
@@ -405,8 +387,13 @@ def read_metadata(zstore: Any, path: str, names: Sequence[str]) -> list[Any]:
         raws = [local_io.read_file(zstore.root, f"{path}/{n}/zarr.json") for n in names]
     else:
         raws = [None if b is None else b.to_bytes() for b in sync(_get())]
+    return raws
+
+
+def read_metadata(zstore: Any, path: str, names: Sequence[str]) -> list[Any]:
+    """The parsed ``zarr.json`` of each array ``path/name`` (None where missing)."""
     out = []
-    for name, raw in zip(names, raws):
+    for name, raw in zip(names, _read_raw_metadata(zstore, path, names)):
         if raw is None:
             out.append(None)
             continue
@@ -415,6 +402,26 @@ def read_metadata(zstore: Any, path: str, names: Sequence[str]) -> list[Any]:
         except ValueError as e:
             raise StoreFormatError(f"array {name!r} of {path!r}: zarr.json is not JSON: {e}") from e
     return out
+
+
+_LAYOUTS: dict[bytes, ArrayLayout] = {}
+_LAYOUTS_MAX = 4096
+
+
+def _layout(raw: bytes, where: str) -> ArrayLayout:
+    """The validated layout of a ``zarr.json``; batches repeat the same documents, so a
+    document already accepted is not parsed and checked again."""
+    layout = _LAYOUTS.get(raw)
+    if layout is None:
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise StoreFormatError(f"{where}: zarr.json is not JSON: {e}") from e
+        layout = check_array_metadata(doc, where)
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        _LAYOUTS[raw] = layout
+    return layout
 
 
 def read_arrays(
@@ -435,15 +442,14 @@ def read_arrays(
     names = list(keys) if keys is not None else available or []
     if keys is None and not names:
         raise BatchNotFoundError(f"batch data {path!r} is missing from {url!r}.")
-    docs = read_metadata(zstore, path, names)
     layouts: dict[str, ArrayLayout] = {}
-    for name, doc in zip(names, docs):
-        if doc is None:
+    for name, raw in zip(names, _read_raw_metadata(zstore, path, names)):
+        if raw is None:
             have = available if available is not None else list_arrays(zstore, path)
             if not have:
                 raise BatchNotFoundError(f"batch data {path!r} is missing from {url!r}.")
             raise KeyError(f"batch {path!r} has no array {name!r}; it has {have}.")
-        layouts[name] = check_array_metadata(doc, f"{where}, array {name!r}")
+        layouts[name] = _layout(raw, f"{where}, array {name!r}")
     pin = dev.type == "cuda" and torch.cuda.is_available()
     tensors = {name: torch.empty(lay.shape, dtype=_torch_dtype(lay.dtype), pin_memory=pin)
                for name, lay in layouts.items()}
@@ -545,7 +551,7 @@ def _map(fn: Any, items: list[Any], parallel: bool) -> None:
         for item in items:
             fn(item)
         return
-    for fut in [_pool().submit(fn, item) for item in items]:
+    for fut in [local_io.thread_pool().submit(fn, item) for item in items]:
         fut.result()
 
 
