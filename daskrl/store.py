@@ -218,7 +218,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         async def write_all() -> None:
             # One concurrent burst: every file of the batch is in place before the commit.
             await asyncio.gather(*(
-                self._zstore.set(key, proto.buffer.from_bytes(b"".join(map(bytes, parts))))
+                self._zstore.set(key, proto.buffer.from_bytes(b"".join(parts)))
                 for key, parts in files
             ))
 
@@ -313,19 +313,27 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         """
         batch_id = _batch_id_of(path)
         where = f"batch {batch_id} ({path!r})" if batch_id is not None else f"batch {path!r}"
-        out = read_arrays(self._zstore, path, where, keys, device, self.url)
-        if batch_id is not None:
-            # Deletion removes the commit record first, then the data: if the record still
-            # names this attempt now, nothing was deleted under the read (no chunk read as a
-            # missing all-zero chunk by mistake).
-            rec = self._get_json(f"commits/{batch_id:012d}/zarr.json")
-            if rec is None or (rec.get("attributes") or {}).get("path") != path:
-                self._commits.pop(batch_id, None)
-                raise BatchNotFoundError(
-                    f"batch {batch_id} of {self.url!r} was deleted while it was being read "
-                    f"({path!r} is no longer committed)."
-                )
+        try:
+            out = read_arrays(self._zstore, path, where, keys, device, self.url)
+        except (KeyError, StoreError):
+            self._check_still_committed(batch_id, path)  # deleted under the read?
+            raise
+        # Deletion removes the commit record first, then the data: if the record still names
+        # this attempt now, nothing was deleted under the read (no chunk read as a missing
+        # all-zero chunk by mistake).
+        self._check_still_committed(batch_id, path)
         return out
+
+    def _check_still_committed(self, batch_id: int | None, path: str) -> None:
+        if batch_id is None:
+            return
+        rec = self._get_json(f"commits/{batch_id:012d}/zarr.json")
+        if rec is None or (rec.get("attributes") or {}).get("path") != path:
+            self._commits.pop(batch_id, None)
+            raise BatchNotFoundError(
+                f"batch {batch_id} of {self.url!r} was deleted while it was being read "
+                f"({path!r} is no longer committed)."
+            )
 
 
 _EXCLUSIVE_PROTOCOLS = frozenset({"s3", "s3a", "memory"})

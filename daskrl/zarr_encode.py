@@ -137,4 +137,4 @@ def encode_array(path: str, arr: np.ndarray, compression: Compression) -> Iterat
     axis only.
     """
     for key, parts in encode_array_parts(path, arr, compression):
-        yield key, b"".join(bytes(p) if not isinstance(p, bytes) else p for p in parts)
+        yield key, b"".join(parts)
