@@ -7,8 +7,9 @@ Layout (see ``docs/store-format.md``)::
     <root>/batches/<id:012d>-<attempt>/    one group per write attempt: arrays [T, E, ...]
     <root>/commits/<id:012d>/zarr.json     commit record: which attempt is *the* batch
 
-A worker writes every array of a batch under a fresh attempt prefix, then creates the commit
-record with an exclusive create.  Readers list commits only, so a batch is seen whole or not at
+A worker writes every array of a batch under a fresh attempt prefix (on local and shared POSIX
+filesystems in place, with plain file I/O: see :mod:`daskrl.local_io`), then creates the commit
+record with an atomic, exclusive create.  Readers list commits only, so a batch is seen whole or not at
 all, and a retried task's second commit of the same id is detected and dropped.
 """
 
@@ -115,6 +116,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
 
     def _create_exclusive(self, key: str, doc: Mapping[str, Any]) -> bool:
         """Create ``key`` unless it exists; True if this call's document is the one stored."""
+        self._check_writable(f"create {key!r}")
         data = _json_bytes(doc)
         if isinstance(self._zstore, LocalStore):  # temp file + link: atomic and exclusive
             return local_io.create_exclusive(self._zstore.root, key, data.to_bytes())
@@ -193,7 +195,11 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         async def _ls() -> list[str]:
             return [k async for k in self._zstore.list_dir(prefix + "/")]
 
-        return sorted(k.rstrip("/") for k in sync(_ls()) if k.rstrip("/") != "zarr.json")
+        if isinstance(self._zstore, LocalStore):
+            listed = local_io.listdir(self._zstore.root, prefix)
+        else:
+            listed = sync(_ls())
+        return sorted(k.rstrip("/") for k in listed if k.rstrip("/") != "zarr.json")
 
     # -- writing (workers) -------------------------------------------------------------------
     def write_batch(
@@ -208,6 +214,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         Returns ``(path, committed)``: ``committed`` is False when another attempt of the same
         batch id committed first (this attempt's data is then removed).
         """
+        self._check_writable(f"write batch {batch_id}")
         path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}"
         meta = {**meta, "batch_id": batch_id, "path": path}
         files: list[tuple[str, list[Any]]] = [(f"{path}/zarr.json", [group_document(meta)])]

@@ -191,3 +191,12 @@ def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compress
     for key, data in ours.items():
         asyncio.run(mine.set(key, proto.buffer.from_bytes(data)))
     np.testing.assert_array_equal(zarr.open_array(mine, path="a", mode="r")[...], arr)
+
+
+def test_a_read_only_store_refuses_writes(tmp_path):
+    url = str(tmp_path / "s")
+    TrajectoryStore(url, read_only=False).initialize()
+    r = daskrl.open_store(url)
+    with pytest.raises(daskrl.StoreError, match=re.escape("cannot write batch 0: store")):
+        r.write_batch(0, _arrays(), _meta())
+    assert not (tmp_path / "s" / "batches" / "000000000000").exists() and len(r) == 0
