@@ -61,7 +61,7 @@ def _cli(*args, pre=""):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
 
 
-def test_cli_inspect_gc_and_prune(tmp_path):
+def test_cli_inspect_gc_and_prune(tmp_path, capsys):
     url = str(tmp_path / "s")
     _write(url, 4)
     dead = tmp_path / "s" / "batches" / "000000000009-deadbeef0000"
@@ -92,14 +92,19 @@ def test_cli_inspect_gc_and_prune(tmp_path):
     assert out.stdout.startswith("removed 1 uncommitted attempts and 0 partial files (2 bytes)")
     assert not dead.exists() and len(daskrl.open_store(url)) == 4
 
-    out = _cli("prune", url, "--keep-last", "3",
-               pre="import sys; sys.modules['matplotlib'] = None; ")
-    assert out.returncode == 0 and out.stdout.strip() == "deleted 1 batches; 3 remain", out.stderr
     out = _cli("inspect", url, "--plot", str(png), pre="sys = __import__('sys'); sys.modules['matplotlib'] = None; ")
     assert out.returncode == 2
     assert 'Install it with: pip install "daskrl[plot]"' in out.stderr
-    out = _cli("inspect", str(tmp_path / "nowhere"), "--json")
-    assert out.returncode == 2 and "daskrl: error: no daskrl store at" in out.stderr
+
+    from daskrl.cli import main  # the same entry point, in process
+
+    capsys.readouterr()
+    assert main(["prune", url, "--keep-last", "3"]) == 0
+    assert capsys.readouterr().out.strip() == "deleted 1 batches; 3 remain"
+    assert main(["inspect", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["batches"] == 3
+    assert main(["inspect", str(tmp_path / "nowhere")]) == 2
+    assert "daskrl: error: no daskrl store at" in capsys.readouterr().err
 
 
 def test_summary_json_of_an_empty_store(tmp_path):
