@@ -123,6 +123,16 @@ def test_collector_on_s3_then_readers_and_housekeeping(s3, inproc_client):
     frames = store.to_dask(["reward"])["reward"]
     assert frames.shape == (48,) and float(frames.sum().compute()) == float(
         sum(store.load(b)["reward"].sum() for b in store.batch_ids()))
+    # a replay buffer on S3, loaded by two DataLoader worker processes
+    from torch.utils.data import DataLoader
+
+    replay = daskrl.ReplayDataset(url, ["observation", "next_observation"], samples_per_batch=4,
+                                  num_samples=16, storage_options=options)
+    got = list(DataLoader(replay, batch_size=4, num_workers=2))
+    assert len(got) == 4
+    for b in got:
+        np.testing.assert_array_equal((b["next_observation"] - b["observation"]).numpy(),
+                                      np.broadcast_to([0.0, 1.0], (4, 2)))
     # housekeeping on S3: keep the newest two, and collect an abandoned attempt
     writable = daskrl.open_store(url, options, writable=True)
     ids = store.batch_ids()
