@@ -277,16 +277,12 @@ def decode_chunk(data: Any, layout: ArrayLayout, out: np.ndarray) -> None:
             raise ChunkError(f"chunk holds {buf.size} bytes, expected {expected}")
         out.reshape(-1).view(np.uint8)[:] = buf
     elif layout.compressor == "zstd":
+        # Frames must declare their size (zstd's one-shot compression, as zarr and daskrl use,
+        # always does): a frame that does not could inflate without bound.
         declared = _zstd_content_size(buf)
-        if declared is not None and declared != expected:
+        if declared != expected:
             raise ChunkError(f"zstd frame declares {declared} bytes, expected {expected}")
-        if declared is None:
-            raw = numcodecs.Zstd().decode(buf)
-            if len(raw) != expected:
-                raise ChunkError(f"chunk decodes to {len(raw)} bytes, expected {expected}")
-            out.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
-        else:
-            numcodecs.Zstd().decode(buf, out=out)
+        numcodecs.Zstd().decode(buf, out=out)
     elif layout.compressor == "blosc":
         # blosc header: version, versionlz, flags, typesize, nbytes (uint32 LE), ...
         nbytes = int.from_bytes(bytes(buf[4:8]), "little") if buf.size >= 16 else -1

@@ -188,3 +188,26 @@ def test_multi_chunk_arrays_with_a_padded_edge_round_trip(tmp_path, monkeypatch,
         edge.write_bytes(bytes(raw))
         with pytest.raises(daskrl.StoreError, match=re.escape("crc32c mismatch")):
             daskrl.open_store(url).load(0)
+
+
+def test_compressed_chunks_must_decode_to_exactly_the_chunk_size():
+    """No decompression bomb: declared sizes are checked before anything is inflated."""
+    import gzip
+
+    import numcodecs
+
+    from daskrl.zarr_decode import ArrayLayout, ChunkError, decode_chunk
+
+    def layout(comp):
+        return ArrayLayout((4,), np.dtype(np.float32), (4,), "/", 0.0, False, comp, False)
+
+    out = np.empty(4, np.float32)
+    big = np.zeros(1 << 20, np.float32)
+    with pytest.raises(ChunkError, match=re.escape(f"zstd frame declares {big.nbytes} bytes, expected 16")):
+        decode_chunk(numcodecs.Zstd().encode(big), layout("zstd"), out)
+    with pytest.raises(ChunkError, match=re.escape("blosc header declares 4194304 bytes, expected 16")):
+        decode_chunk(numcodecs.Blosc().encode(big), layout("blosc"), out)
+    with pytest.raises(ChunkError, match=re.escape("gzip stream does not decode to exactly 16 bytes")):
+        decode_chunk(gzip.compress(big.tobytes()), layout("gzip"), out)
+    decode_chunk(gzip.compress(np.arange(4, dtype=np.float32).tobytes()), layout("gzip"), out)
+    np.testing.assert_array_equal(out, np.arange(4))
