@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .collector import Collector
 from .config import CollectorConfig, Compression
+from .dataset import ReplayDataset, TransitionDataset
 from .errors import (
     BatchNotFoundError,
     BatchTimeoutError,
@@ -22,6 +23,8 @@ from .errors import (
     WeightsIntegrityError,
 )
 from .handles import BatchHandle
+from .housekeeping import GarbageReport
+from .readers import Episode
 from .store import TrajectoryStore, open_store
 from .weights import WeightsSnapshot, snapshot
 
@@ -41,10 +44,14 @@ __all__ = [
     # errors
     "DaskrlError",
     "EnvError",
+    "Episode",
+    "GarbageReport",
     "PolicyError",
+    "ReplayDataset",
     "StoreError",
     "StoreFormatError",
     "TrajectoryStore",
+    "TransitionDataset",
     "VersionMismatchError",
     "WeightsIntegrityError",
     # weights

@@ -1,4 +1,5 @@
-"""The ``daskrl`` command line: ``daskrl collect`` runs a collection on the embedded default."""
+"""The ``daskrl`` command line: ``daskrl collect`` runs a collection on the embedded default;
+``daskrl inspect``, ``gc`` and ``prune`` look after a store."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .cli_store import add_store_commands, run_store_command
 from .errors import DaskrlError
 
 __all__ = ["main"]
@@ -74,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                        "on, and package versions next to this machine's. Exit status 1 when a "
                        "worker's versions differ or its device cannot be used.")
     _add_cluster_args(i)
+    add_store_commands(sub)
     return p
 
 
@@ -228,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _collect(args)
             if args.command == "info":
                 return _info(args)
+            code = run_store_command(args)
+            if code is not None:
+                return code
     except (DaskrlError, ValueError) as e:
         print(f"daskrl: error: {e}", file=sys.stderr)
         return 2

@@ -7,8 +7,9 @@ Layout (see ``docs/store-format.md``)::
     <root>/batches/<id:012d>-<attempt>/    one group per write attempt: arrays [T, E, ...]
     <root>/commits/<id:012d>/zarr.json     commit record: which attempt is *the* batch
 
-A worker writes every array of a batch under a fresh attempt prefix, then creates the commit
-record with an exclusive create.  Readers list commits only, so a batch is seen whole or not at
+A worker writes every array of a batch under a fresh attempt prefix (on local and shared POSIX
+filesystems in place, with plain file I/O: see :mod:`daskrl.local_io`), then creates the commit
+record with an atomic, exclusive create.  Readers list commits only, so a batch is seen whole or not at
 all, and a retried task's second commit of the same id is detected and dropped.
 """
 
@@ -25,15 +26,18 @@ from typing import Any
 
 import numpy as np
 import torch
-import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
+from . import local_io
 from .config import Compression
 from .errors import BatchNotFoundError, StoreError, StoreFormatError
 from .handles import BatchHandle
-from .zarr_encode import encode_array, group_document
+from .housekeeping import StoreHousekeeping
+from .readers import StoreReaders
+from .zarr_decode import read_arrays
+from .zarr_encode import encode_array_parts, group_document
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "TrajectoryStore", "normalize_url", "open_store"]
 
@@ -81,7 +85,7 @@ def _group_doc(attributes: Mapping[str, Any]) -> dict[str, Any]:
     return {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes)}
 
 
-class TrajectoryStore:
+class TrajectoryStore(StoreReaders, StoreHousekeeping):
     """A daskrl store: write batches (workers), list and load them (learners, no cluster)."""
 
     def __init__(
@@ -101,6 +105,9 @@ class TrajectoryStore:
 
     # -- low level ---------------------------------------------------------------------------
     def _get_json(self, key: str) -> dict[str, Any] | None:
+        if isinstance(self._zstore, LocalStore):
+            raw = local_io.read_file(self._zstore.root, key)
+            return None if raw is None else json.loads(raw)
         try:
             buf = sync(self._zstore.get(key, prototype=default_buffer_prototype()))
         except FileNotFoundError:  # a read-only LocalStore whose root does not exist
@@ -109,7 +116,19 @@ class TrajectoryStore:
 
     def _create_exclusive(self, key: str, doc: Mapping[str, Any]) -> bool:
         """Create ``key`` unless it exists; True if this call's document is the one stored."""
+        self._check_writable(f"create {key!r}")
         data = _json_bytes(doc)
+        if isinstance(self._zstore, LocalStore):  # temp file + link: atomic and exclusive
+            return local_io.create_exclusive(self._zstore.root, key, data.to_bytes())
+        if isinstance(self._zstore, FsspecStore) and _has_exclusive_create(self._zstore.fs):
+            # zarr's generic set_if_not_exists checks, then writes: two writers can both win.
+            # fsspec's mode="create" is a real exclusive create (S3: If-None-Match: *).
+            try:
+                sync(self._zstore.fs._pipe_file(f"{self._zstore.path}/{key}", data.to_bytes(),
+                                                mode="create"))
+                return True
+            except FileExistsError:
+                return False
         sync(self._zstore.set_if_not_exists(key, data))
         stored = self._get_json(key)
         return stored == json.loads(data.to_bytes())
@@ -155,7 +174,7 @@ class TrajectoryStore:
 
     def register_run(self, settings: Mapping[str, Any]) -> int:
         """Claim the next free run number (exclusive create) and record ``settings``."""
-        existing = sorted(int(k) for k in self._list_groups("runs"))
+        existing = sorted(int(k) for k in self._list_groups("runs") if k.isdigit())
         run = existing[-1] + 1 if existing else 0
         while True:
             if run * BATCH_IDS_PER_RUN >= 2**39:
@@ -209,7 +228,11 @@ class TrajectoryStore:
         async def _ls() -> list[str]:
             return [k async for k in self._zstore.list_dir(prefix + "/")]
 
-        return sorted(k.rstrip("/") for k in sync(_ls()) if k.rstrip("/") != "zarr.json")
+        if isinstance(self._zstore, LocalStore):
+            listed = local_io.listdir(self._zstore.root, prefix)
+        else:
+            listed = sync(_ls())
+        return sorted(k.rstrip("/") for k in listed if k.rstrip("/") != "zarr.json")
 
     # -- writing (workers) -------------------------------------------------------------------
     def write_batch(
@@ -224,21 +247,27 @@ class TrajectoryStore:
         Returns ``(path, committed)``: ``committed`` is False when another attempt of the same
         batch id committed first (this attempt's data is then removed).
         """
+        self._check_writable(f"write batch {batch_id}")
         path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}"
         meta = {**meta, "batch_id": batch_id, "path": path}
-        files = [(f"{path}/zarr.json", group_document(meta))]
+        files: list[tuple[str, list[Any]]] = [(f"{path}/zarr.json", [group_document(meta)])]
         for name, arr in arrays.items():
-            files.extend(encode_array(f"{path}/{name}", arr, Compression(compression)))
+            files.extend(encode_array_parts(f"{path}/{name}", arr, Compression(compression)))
         proto = default_buffer_prototype()
 
         async def write_all() -> None:
             # One concurrent burst: every file of the batch is in place before the commit.
-            await asyncio.gather(
-                *(self._zstore.set(key, proto.buffer.from_bytes(data)) for key, data in files)
-            )
+            await asyncio.gather(*(
+                self._zstore.set(key, proto.buffer.from_bytes(b"".join(parts)))
+                for key, parts in files
+            ))
 
         try:
-            sync(write_all())
+            if isinstance(self._zstore, LocalStore):
+                # In place (the attempt is invisible until committed); see daskrl.local_io.
+                local_io.write_new_files(self._zstore.root, files, local_io.thread_pool())
+            else:
+                sync(write_all())
         except OSError as e:
             raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}") from e
         record = _group_doc(meta)
@@ -255,13 +284,22 @@ class TrajectoryStore:
 
     # -- reading -----------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Pick up batches committed since the last look."""
-        for key in self._list_groups("commits"):
-            bid = int(key)
-            if bid not in self._commits:
-                doc = self._get_json(f"commits/{key}/zarr.json")
-                if doc is not None:
-                    self._commits[bid] = doc["attributes"]
+        """Pick up batches committed, and drop batches deleted, since the last look."""
+        if isinstance(self._zstore, FsspecStore):
+            # s3fs and others cache listings: without this a poller never sees new commits.
+            self._zstore.fs.invalidate_cache(f"{self._zstore.path}/commits")
+        # Only commit directories (12 digits) count: debris such as zarr.<hex>.partial does not.
+        listed = {int(k) for k in self._list_groups("commits") if k.isdigit() and len(k) == 12}
+        if isinstance(self._zstore, LocalStore):
+            # A directory outlives its record for a moment while a batch is deleted.
+            root = Path(self._zstore.root) / "commits"
+            listed = {b for b in listed if (root / f"{b:012d}" / "zarr.json").is_file()}
+        for bid in set(self._commits) - listed:
+            del self._commits[bid]
+        for bid in sorted(listed - set(self._commits)):
+            doc = self._get_json(f"commits/{bid:012d}/zarr.json")
+            if doc is not None:
+                self._commits[bid] = doc["attributes"]
 
     def batch_ids(self) -> list[int]:
         """Committed batch ids, ascending."""
@@ -307,34 +345,67 @@ class TrajectoryStore:
     def load_path(
         self, path: str, device: torch.device | str | None = None, keys: Sequence[str] | None = None
     ) -> dict[str, torch.Tensor]:
-        """Load the batch group at ``path`` (as named by a commit record)."""
+        """Load the batch group at ``path`` (as named by a commit record).
+
+        Every array's metadata is checked against the allowlist of
+        :mod:`daskrl.zarr_decode` before any data is read; each array is decoded straight into
+        one tensor (pinned when ``device`` is CUDA) and moved to ``device`` with one copy.
+        """
+        batch_id = _batch_id_of(path)
+        where = f"batch {batch_id} ({path!r})" if batch_id is not None else f"batch {path!r}"
         try:
-            group = zarr.open_group(self._zstore, path=path, mode="r")
-        except FileNotFoundError as e:
-            raise BatchNotFoundError(f"batch data {path!r} is missing from {self.url!r}.") from e
-        names = list(keys) if keys is not None else sorted(group.array_keys())
-        out = {}
-        for name in names:
-            try:
-                arr = group[name][...]
-            except KeyError as e:
-                raise KeyError(
-                    f"batch {path!r} has no array {name!r}; it has {sorted(group.array_keys())}."
-                ) from e
-            except Exception as e:
-                raise StoreError(
-                    f"cannot read array {name!r} of batch {path!r} in {self.url!r}: {e}"
-                ) from e
-            t = torch.from_numpy(np.ascontiguousarray(arr))
-            out[name] = t if device is None else t.to(device)
+            out = read_arrays(self._zstore, path, where, keys, device, self.url)
+        except (KeyError, StoreError):
+            self._check_still_committed(batch_id, path)  # deleted under the read?
+            raise
+        # Deletion removes the commit record first, then the data: if the record still names
+        # this attempt now, nothing was deleted under the read (no chunk read as a missing
+        # all-zero chunk by mistake).
+        self._check_still_committed(batch_id, path)
         return out
+
+    def _check_still_committed(self, batch_id: int | None, path: str) -> None:
+        if batch_id is None:
+            return
+        rec = self._get_json(f"commits/{batch_id:012d}/zarr.json")
+        if rec is None or (rec.get("attributes") or {}).get("path") != path:
+            self._commits.pop(batch_id, None)
+            raise BatchNotFoundError(
+                f"batch {batch_id} of {self.url!r} was deleted while it was being read "
+                f"({path!r} is no longer committed)."
+            )
+
+
+_EXCLUSIVE_PROTOCOLS = frozenset({"s3", "s3a", "memory"})
+"""fsspec protocols whose ``pipe_file(mode="create")`` is known to be an exclusive create
+(s3fs sends ``If-None-Match: *``); others may ignore the mode and overwrite."""
+
+
+def _has_exclusive_create(fs: Any) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return bool(_EXCLUSIVE_PROTOCOLS.intersection(protocols))
+
+
+def _batch_id_of(path: str) -> int | None:
+    """Batch id of an attempt path ``batches/<id:012d>-<attempt>`` (None for other paths)."""
+    parts = path.split("/")
+    if len(parts) == 2 and parts[0] == "batches" and parts[1][:12].isdigit():
+        return int(parts[1][:12])
+    return None
 
 
 def open_store(
-    url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+    url: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    writable: bool = False,
 ) -> TrajectoryStore:
-    """Open an existing daskrl store for reading; no cluster needed."""
-    store = TrajectoryStore(url, storage_options, read_only=True)
+    """Open an existing daskrl store; no cluster needed.
+
+    ``writable=True`` allows housekeeping (``delete_batches``, ``keep_last``,
+    ``collect_garbage``); reading never needs it.
+    """
+    store = TrajectoryStore(url, storage_options, read_only=not writable)
     store.check_format()
     return store
 

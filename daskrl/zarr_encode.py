@@ -11,6 +11,7 @@ byte-for-byte against zarr-python in the tests), so a batch becomes one concurre
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 
 from .config import Compression
 
-__all__ = ["CHUNK_BYTES", "chunk_rows", "encode_array", "group_document"]
+__all__ = ["CHUNK_BYTES", "chunk_rows", "encode_array", "encode_array_parts", "group_document"]
 
 CHUNK_BYTES = 8 << 20
 """Target size of one chunk before compression; chunks split the time axis only."""
@@ -39,9 +40,12 @@ def group_document(attributes: dict[str, Any]) -> bytes:
 
 
 def chunk_rows(arr: np.ndarray) -> int:
-    """Time steps per chunk: as many as fit in :data:`CHUNK_BYTES` (at least one)."""
+    """Time steps per chunk: at most :data:`CHUNK_BYTES` (at least one step), balanced so that
+    the chunks split ``T`` as evenly as possible (little or no padding in the edge chunk)."""
     row = max(1, arr[:1].nbytes)
-    return max(1, min(arr.shape[0], CHUNK_BYTES // row))
+    most = max(1, min(arr.shape[0], CHUNK_BYTES // row))
+    n = -(-arr.shape[0] // most) if arr.shape[0] else 1
+    return max(1, -(-arr.shape[0] // n))
 
 
 def _data_type(dtype: np.dtype) -> str:
@@ -64,16 +68,66 @@ def _codecs(dtype: np.dtype, compression: Compression) -> list[dict[str, Any]]:
     return [byte_codec, *comp, {"name": "crc32c"}]
 
 
-def _encode_chunk(chunk: np.ndarray, compression: Compression) -> bytes:
+def _encode_chunk(chunk: np.ndarray, compression: Compression, pad_rows: int = 0) -> list[Any]:
+    """A chunk's stored bytes as a list of buffers (written in order; joined they are the
+    chunk).  Uncompressed data is not copied: its parts are views of ``chunk`` plus the zero
+    padding of an edge chunk (``pad_rows`` rows) and the crc32c."""
     raw = np.ascontiguousarray(chunk, dtype=chunk.dtype.newbyteorder("<"))
+    if pad_rows:
+        pad = np.zeros((pad_rows, *raw.shape[1:]), raw.dtype)
+        if compression != Compression.NONE:
+            raw = np.concatenate([raw, pad])
     if compression == Compression.ZSTD:
-        data = bytes(_ZSTD.encode(raw))
+        parts: list[Any] = [_ZSTD.encode(raw)]
     elif compression == Compression.LZ4:
-        data = bytes(_LZ4.encode(raw))
+        parts = [_LZ4.encode(raw)]
     else:
-        data = raw.tobytes()
-    crc = google_crc32c.value(data)
-    return data + np.uint32(crc).astype("<u4").tobytes()
+        parts = [raw.reshape(-1).view(np.uint8)]
+        if pad_rows:
+            parts.append(pad.reshape(-1).view(np.uint8))
+    crc = 0
+    for i, part in enumerate(parts):
+        buf = np.frombuffer(part, np.uint8) if not isinstance(part, np.ndarray) else part
+        crc = google_crc32c.value(buf) if i == 0 else google_crc32c.extend(crc, buf)
+    parts.append(np.uint32(crc).astype("<u4").tobytes())
+    return parts
+
+
+@functools.lru_cache(maxsize=256)
+def _array_document(shape: tuple[int, ...], dtype: np.dtype, rows: int,
+                    compression: Compression) -> bytes:
+    chunk_shape = [rows, *shape[1:]]
+    fill: Any = False if dtype.kind == "b" else (0.0 if dtype.kind in "fc" else 0)
+    if dtype.kind == "c":
+        fill = [0.0, 0.0]
+    meta = {
+        "shape": list(shape),
+        "data_type": _data_type(dtype),
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_shape}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill,
+        "codecs": _codecs(dtype, compression),
+        "attributes": {},
+        "dimension_names": ["time", "env", *[None] * (len(shape) - 2)],
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
+    return json.dumps(meta, indent=1).encode()
+
+
+def encode_array_parts(
+    path: str, arr: np.ndarray, compression: Compression
+) -> Iterator[tuple[str, list[Any]]]:
+    """Yield ``(key, buffers)`` of the zarr v3 array ``path``: its ``zarr.json``, then its
+    chunks; a file's content is its buffers joined."""
+    rows = chunk_rows(arr)
+    yield f"{path}/zarr.json", [_array_document(arr.shape, arr.dtype, rows, compression)]
+    tail = "/0" * (arr.ndim - 1)
+    for i, start in enumerate(range(0, arr.shape[0], rows)):
+        chunk = arr[start:start + rows]
+        # edge chunks are stored at full chunk shape, padded with zeros
+        yield f"{path}/c/{i}{tail}", _encode_chunk(chunk, compression, rows - chunk.shape[0])
 
 
 def encode_array(path: str, arr: np.ndarray, compression: Compression) -> Iterator[tuple[str, bytes]]:
@@ -82,31 +136,5 @@ def encode_array(path: str, arr: np.ndarray, compression: Compression) -> Iterat
     The array is ``[T, E, ...]`` with dimension names ``time``, ``env``; chunks split the time
     axis only.
     """
-    dtype = arr.dtype
-    rows = chunk_rows(arr)
-    chunk_shape = [rows, *arr.shape[1:]]
-    fill: Any = False if dtype.kind == "b" else (0.0 if dtype.kind in "fc" else 0)
-    if dtype.kind == "c":
-        fill = [0.0, 0.0]
-    meta = {
-        "shape": list(arr.shape),
-        "data_type": _data_type(dtype),
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_shape}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": fill,
-        "codecs": _codecs(dtype, compression),
-        "attributes": {},
-        "dimension_names": ["time", "env", *[None] * (arr.ndim - 2)],
-        "zarr_format": 3,
-        "node_type": "array",
-        "storage_transformers": [],
-    }
-    yield f"{path}/zarr.json", json.dumps(meta, indent=1).encode()
-    tail = "/0" * (arr.ndim - 1)
-    for i, start in enumerate(range(0, arr.shape[0], rows)):
-        chunk = arr[start:start + rows]
-        if chunk.shape[0] < rows:  # edge chunks are stored at full chunk shape, padded
-            padded = np.zeros(chunk_shape, dtype)
-            padded[: chunk.shape[0]] = chunk
-            chunk = padded
-        yield f"{path}/c/{i}{tail}", _encode_chunk(chunk, compression)
+    for key, parts in encode_array_parts(path, arr, compression):
+        yield key, b"".join(parts)

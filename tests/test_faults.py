@@ -254,7 +254,7 @@ def test_embedded_cluster_speaks_tls_and_refuses_plain_clients(tmp_path):
         assert address.startswith("tls://")
         assert len(list(collector)) == 2
         for plain in (address, address.replace("tls://", "tcp://")):
-            with pytest.raises((OSError, TypeError, ValueError)):  # noqa: PT011
+            with pytest.raises((OSError, TypeError, ValueError)):
                 Client(plain, timeout=2, set_as_default=False)
     with dask.config.set({"daskrl.embedded-cluster.tls": False}), daskrl.Collector(
             "daskrl.testing:Counting-v0", TagPolicy(), str(tmp_path / "b"), envs_per_worker=2,

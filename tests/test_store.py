@@ -146,7 +146,7 @@ def test_chunk_corruption_is_detected_on_read(tmp_path):
 
 @pytest.mark.parametrize("compression", ["zstd", "lz4", "none"])
 @pytest.mark.parametrize(("dtype", "shape"), [
-    (np.float32, (37, 3, 4)), (np.bool_, (5, 2)), (np.int64, (9, 2)), (np.uint8, (6, 2, 84, 84)),
+    (np.float32, (37, 3, 4)), (np.float32, (37, 5, 10)), (np.bool_, (5, 2)), (np.int64, (9, 2)), (np.uint8, (6, 2, 84, 84)),
     (np.float16, (3, 1)), (np.float64, (4, 2, 1)),
 ])
 def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compression, monkeypatch):
@@ -191,3 +191,12 @@ def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compress
     for key, data in ours.items():
         asyncio.run(mine.set(key, proto.buffer.from_bytes(data)))
     np.testing.assert_array_equal(zarr.open_array(mine, path="a", mode="r")[...], arr)
+
+
+def test_a_read_only_store_refuses_writes(tmp_path):
+    url = str(tmp_path / "s")
+    TrajectoryStore(url, read_only=False).initialize()
+    r = daskrl.open_store(url)
+    with pytest.raises(daskrl.StoreError, match=re.escape("cannot write batch 0: store")):
+        r.write_batch(0, _arrays(), _meta())
+    assert not (tmp_path / "s" / "batches" / "000000000000").exists() and len(r) == 0

@@ -1,0 +1,289 @@
+"""What a learner reads from a store: selections of batches, whole episodes, a dask view.
+
+Mixed into :class:`~daskrl.TrajectoryStore` (``daskrl.open_store(url)`` returns one).  Batches
+are listed by their commit records only; their data is read through the allowlist of
+:mod:`daskrl.zarr_decode`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .errors import BatchNotFoundError, ConfigError, StoreError
+from .handles import BatchHandle
+
+if TYPE_CHECKING:
+    import dask.array
+
+__all__ = ["Episode", "StoreReaders", "VersionFilter"]
+
+VersionFilter = int | Collection[int] | Callable[[int], bool] | None
+"""A weights version, a collection of them (``range`` works), or a predicate."""
+
+_EPISODE_KEYS = ("episode_id", "terminated", "truncated")
+_LAYOUTS = ("frames", "time", "env")
+
+
+@dataclasses.dataclass(frozen=True)
+class Episode:
+    """One episode reassembled from the batches it spans, time-major ``[L, ...]``."""
+
+    episode_id: int
+    data: dict[str, torch.Tensor]
+    """``{key: tensor [L, ...]}``, rows in the episode's order."""
+    batch_ids: tuple[int, ...]
+    """The batches it spans, in order."""
+    complete: bool
+    """It ended with ``terminated`` or ``truncated``; False: cut (see the store format)."""
+
+    @property
+    def length(self) -> int:
+        return int(self.data["episode_id"].shape[0])
+
+    @property
+    def total_reward(self) -> float:
+        """Sum of rewards (float64); NaN when ``reward`` was not loaded."""
+        r = self.data.get("reward")
+        return float(r.double().sum()) if r is not None else float("nan")
+
+
+def _matches(value: Any, selector: Any) -> bool:
+    if selector is None:
+        return True
+    if callable(selector):
+        return bool(selector(value))
+    if isinstance(selector, (str, int)):
+        return value == selector
+    return value in selector
+
+
+class StoreReaders:
+    """Reading helpers; mixed into :class:`~daskrl.TrajectoryStore`."""
+
+    url: str
+    _zstore: Any
+    _commits: dict[int, dict[str, Any]]
+
+    # provided by TrajectoryStore
+    def refresh(self) -> None: ...
+    def batch_ids(self) -> list[int]: ...
+    def handle(self, batch_id: int) -> BatchHandle: ...
+    def _get_json(self, key: str) -> dict[str, Any] | None: ...
+    def _list_groups(self, prefix: str) -> list[str]: ...
+    def load(self, batch_id: int, device: torch.device | str | None = None,
+             keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]: ...
+
+    # -- counts and selections ------------------------------------------------------------------
+    @property
+    def num_batches(self) -> int:
+        """Committed batches (same as ``len(store)``)."""
+        return len(self.batch_ids())
+
+    def records(self) -> dict[int, dict[str, Any]]:
+        """Commit records by batch id (plain JSON metadata, see the store format)."""
+        self.refresh()
+        return {bid: dict(self._commits[bid]) for bid in sorted(self._commits)}
+
+    def runs(self) -> dict[int, dict[str, Any]]:
+        """Run records by run number: ``{"run", "settings", "started", ...}``."""
+        out = {}
+        for name in self._list_groups("runs"):
+            if name.isdigit():
+                doc = self._get_json(f"runs/{name}/zarr.json")
+                if doc is not None:
+                    out[int(name)] = doc.get("attributes") or {}
+        return out
+
+    def weights_versions(self) -> list[int]:
+        """Weights versions present among the committed batches, ascending."""
+        return sorted({int(r["weights_version"]) for r in self.records().values()})
+
+    def workers(self) -> list[str]:
+        """Addresses of the workers that wrote the committed batches."""
+        return sorted({str(r["worker"]) for r in self.records().values()})
+
+    def handles(
+        self, *, weights_version: VersionFilter = None, worker: str | Collection[str] | None = None
+    ) -> list[BatchHandle]:
+        """Handles of the committed batches that match, by ascending batch id.
+
+        Parameters
+        ----------
+        weights_version
+            A version, a collection of versions (e.g. ``range(5, 10)``), or a predicate
+            ``f(version) -> bool``.
+        worker
+            A worker address or a collection of them.
+        """
+        return [BatchHandle.from_record(self.url, rec) for rec in self.records().values()
+                if _matches(int(rec["weights_version"]), weights_version)
+                and _matches(str(rec["worker"]), worker)]
+
+    def iter_batches(
+        self,
+        keys: Sequence[str] | None = None,
+        *,
+        device: torch.device | str | None = None,
+        weights_version: VersionFilter = None,
+        worker: str | Collection[str] | None = None,
+    ) -> Iterator[tuple[BatchHandle, dict[str, torch.Tensor]]]:
+        """Yield ``(handle, {key: tensor [T, E, ...]})`` of each matching batch, by id.
+
+        Batches deleted while iterating are skipped.
+        """
+        for h in self.handles(weights_version=weights_version, worker=worker):
+            try:
+                yield h, self.load(h.batch_id, device=device, keys=keys)
+            except BatchNotFoundError:
+                continue
+
+    # -- episodes -------------------------------------------------------------------------------
+    def episodes(
+        self,
+        keys: Sequence[str] | None = None,
+        *,
+        complete_only: bool = True,
+        device: torch.device | str | None = None,
+    ) -> Iterator[Episode]:
+        """Yield whole episodes, reassembled across the batches they span.
+
+        A stream's envs continue across its batches, so an episode may start in one batch and
+        end several batches later; its rows share one ``episode_id`` and are ordered by
+        ``(batch_id, t)``.  Episodes are yielded as they end, reading batches in id order and
+        holding only the open episodes' rows in memory.
+
+        Parameters
+        ----------
+        keys
+            Arrays to include (``episode_id``, ``terminated`` and ``truncated`` always are).
+        complete_only
+            Yield only episodes that ended with ``terminated`` or ``truncated``.  With False,
+            episodes cut without a flag (``reset_at_each_iter``, rebuilt envs, a missing later
+            batch, or still running at the newest batch) come too, with ``complete=False``.
+        device
+            Device of the yielded tensors.
+        """
+        need = None if keys is None else list(dict.fromkeys([*keys, *_EPISODE_KEYS]))
+        runs = self.runs()
+        open_eps: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
+        last_seen: dict[int, int] = {}
+        dev = torch.device(device) if device is not None else None
+
+        def emit(eid: int, complete: bool) -> Episode:
+            pieces = open_eps.pop(eid)
+            last_seen.pop(eid, None)
+            names = pieces[0][1].keys()
+            data = {k: torch.cat([p[k] for _, p in pieces]) if len(pieces) > 1
+                    else pieces[0][1][k].clone() for k in names}  # own memory, contiguous
+            if dev is not None:
+                data = {k: v.to(dev) for k, v in data.items()}
+            bids = tuple(dict.fromkeys(b for b, _ in pieces))
+            return Episode(int(eid), data, bids, complete)
+
+        for bid in self.batch_ids():
+            try:
+                batch = self.load(bid, keys=need)
+            except BatchNotFoundError:
+                continue
+            eid = batch["episode_id"].numpy()
+            done = (batch["terminated"] | batch["truncated"]).numpy()
+            T, E = eid.shape[:2]
+            for e in range(E):
+                col = eid[:, e]
+                starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]])
+                ends = np.r_[starts[1:], T]
+                for a, b in zip(starts.tolist(), ends.tolist()):
+                    i = int(col[a])
+                    open_eps.setdefault(i, []).append((bid, {k: v[a:b, e] for k, v in batch.items()}))
+                    last_seen[i] = bid
+                    if done[b - 1, e]:
+                        yield emit(i, True)
+            settings = runs.get(bid // _ids_per_run(), {}).get("settings", {})
+            for i in [i for i, b in last_seen.items() if b == bid]:
+                if settings.get("reset_at_each_iter"):  # every open episode was cut here
+                    ep = emit(i, False)
+                    if not complete_only:
+                        yield ep
+                else:  # copy this batch's rows so the batch's tensors can be freed
+                    b0, piece = open_eps[i][-1]
+                    open_eps[i][-1] = (b0, {k: v.clone() for k, v in piece.items()})
+        for i in sorted(open_eps):
+            ep = emit(i, False)
+            if not complete_only:
+                yield ep
+
+    # -- dask -----------------------------------------------------------------------------------
+    def to_dask(
+        self,
+        keys: Sequence[str] | None = None,
+        *,
+        layout: str = "frames",
+        batch_ids: Sequence[int] | None = None,
+    ) -> dict[str, dask.array.Array]:
+        """The store as lazy dask arrays, one ``dask.array.from_zarr`` per batch and array.
+
+        Parameters
+        ----------
+        keys
+            Arrays to include (default: those of the first batch).
+        layout
+            ``"frames"`` (default): every batch flattened time-major to ``[T * E, ...]`` and
+            concatenated, ``[frames, ...]``, in batch-id order; works for any mix of ``T`` and
+            ``E``.  ``"time"``: batches concatenated along time, ``[sum T, E, ...]`` (all
+            batches must have the same ``E``).  ``"env"``: along envs, ``[T, sum E, ...]``
+            (same ``T``).
+        batch_ids
+            Batches to include (default: all committed, ascending).
+
+        Every array's metadata is checked against the allowlist before zarr opens it.
+        """
+        import dask.array as da
+        import zarr
+
+        from .zarr_decode import check_array_metadata, list_arrays, read_metadata
+
+        if layout not in _LAYOUTS:
+            raise ConfigError(f"layout must be one of {_LAYOUTS}, got {layout!r}.")
+        ids = list(batch_ids) if batch_ids is not None else self.batch_ids()
+        if not ids:
+            return {}
+        recs = self.records()
+        missing = [b for b in ids if b not in recs]
+        if missing:
+            raise BatchNotFoundError(f"no committed batches {missing} in store {self.url!r}.")
+        names = list(keys) if keys is not None else list_arrays(self._zstore, recs[ids[0]]["path"])
+        parts: dict[str, list[Any]] = {n: [] for n in names}
+        for bid in ids:
+            path = recs[bid]["path"]
+            for name, doc in zip(names, read_metadata(self._zstore, path, names)):
+                if doc is None:
+                    raise StoreError(f"batch {bid} ({path!r}) of {self.url!r} has no array "
+                                     f"{name!r}; pass keys= present in every batch.")
+                check_array_metadata(doc, f"batch {bid} ({path!r}), array {name!r}")
+                arr = da.from_zarr(zarr.open_array(self._zstore, path=f"{path}/{name}", mode="r"))
+                if layout == "frames":
+                    arr = arr.reshape((-1, *arr.shape[2:]))
+                parts[name].append(arr)
+        axis = 1 if layout == "env" else 0
+        out = {}
+        for name, arrs in parts.items():
+            try:
+                out[name] = da.concatenate(arrs, axis=axis)
+            except ValueError as e:
+                shapes = sorted({tuple(a.shape) for a in arrs})
+                raise StoreError(
+                    f"cannot concatenate {name!r} along {layout!r}: batch shapes {shapes} differ "
+                    f"off that axis ({e}). Use layout='frames', which fits any shapes."
+                ) from e
+        return out
+
+
+def _ids_per_run() -> int:
+    from .store import BATCH_IDS_PER_RUN
+
+    return BATCH_IDS_PER_RUN

@@ -1,0 +1,153 @@
+"""A store at a glance: counts, returns, versions, bytes on disk; a plot of returns over frames.
+
+Used by ``daskrl inspect URL``; works on any store :func:`daskrl.open_store` opens.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DaskrlError
+
+__all__ = ["format_summary", "plot_returns", "summarize"]
+
+
+def _returns_by_batch(records: dict[int, dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(frames at the end of the batch each episode ended in, return)``, in batch-id order."""
+    xs: list[float] = []
+    ys: list[float] = []
+    frames = 0
+    for rec in records.values():
+        frames += int(rec["frames"])
+        rets = rec.get("episode_returns") or []
+        xs.extend([frames] * len(rets))
+        ys.extend(float(r) for r in rets)
+    return np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+
+
+def summarize(store: Any) -> dict[str, Any]:
+    """Summary of a :class:`~daskrl.TrajectoryStore` as plain JSON-able values."""
+    from .zarr_decode import array_nbytes, check_array_metadata, list_arrays, read_metadata
+
+    records = store.records()
+    _, returns = _returns_by_batch(records)
+    versions = sorted({int(r["weights_version"]) for r in records.values()})
+    lengths = [int(n) for r in records.values() for n in (r.get("episode_lengths") or [])]
+    # bytes: one listing of batches/ gives every attempt's files and sizes
+    committed_paths = {r["path"] for r in records.values()}
+    stored = chunks = garbage = 0
+    for key, size, _ in store._files("batches"):
+        parts = key.split("/")
+        attempt = "/".join(parts[:2])
+        if attempt in committed_paths:
+            stored += size
+            if parts[-1] != "zarr.json":
+                chunks += size
+        elif len(parts) > 2 or key.endswith(".partial"):
+            garbage += size
+    raw = 0
+    for bid, rec in records.items():
+        path = rec["path"]
+        names = list_arrays(store._zstore, path)
+        docs = dict(zip(names, read_metadata(store._zstore, path, names)))
+        for name, doc in docs.items():
+            check_array_metadata(doc, f"batch {bid} ({path!r}), array {name!r}")
+        raw += array_nbytes(docs)
+    last = returns[-100:]
+    return {
+        "store": store.url,
+        "runs": len(store.runs()),
+        "batches": len(records),
+        "frames": sum(int(r["frames"]) for r in records.values()),
+        "episodes": int(returns.size),
+        "return_mean": float(returns.mean()) if returns.size else math.nan,
+        "return_std": float(returns.std()) if returns.size else math.nan,
+        "return_min": float(returns.min()) if returns.size else math.nan,
+        "return_max": float(returns.max()) if returns.size else math.nan,
+        "return_mean_last_100": float(last.mean()) if last.size else math.nan,
+        "episode_length_mean": float(np.mean(lengths)) if lengths else math.nan,
+        "weights_versions": len(versions),
+        "weights_version_min": versions[0] if versions else None,
+        "weights_version_max": versions[-1] if versions else None,
+        "workers": len({r["worker"] for r in records.values()}),
+        "bytes_on_disk": stored,
+        "bytes_uncompressed": raw,
+        "bytes_of_chunks": chunks,
+        "compression_ratio": raw / chunks if chunks else math.nan,
+        "garbage_bytes": garbage,
+    }
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """Human-readable lines of a :func:`summarize` result."""
+    def num(v: float) -> str:
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+    versions = ("none" if s["weights_versions"] == 0 else
+                f"{s['weights_versions']} ({s['weights_version_min']}..{s['weights_version_max']})")
+    return "\n".join([
+        f"store:             {s['store']}",
+        f"runs:              {s['runs']}",
+        f"batches:           {s['batches']}",
+        f"frames:            {s['frames']}",
+        f"episodes:          {s['episodes']} ended (mean length {num(s['episode_length_mean'])})",
+        f"returns:           mean {num(s['return_mean'])}, std {num(s['return_std'])}, "
+        f"min {num(s['return_min'])}, max {num(s['return_max'])}, "
+        f"mean of last 100 {num(s['return_mean_last_100'])}",
+        f"weights versions:  {versions}",
+        f"workers:           {s['workers']}",
+        f"bytes on disk:     {_size(s['bytes_on_disk'])} "
+        f"(chunks {_size(s['bytes_of_chunks'])} of {_size(s['bytes_uncompressed'])} "
+        f"uncompressed: compression ratio {num(s['compression_ratio'])})",
+        f"garbage:           {_size(s['garbage_bytes'])} (remove with: daskrl gc URL)",
+    ])
+
+
+def plot_returns(store: Any, path: str | Path, title: str | None = None) -> Path:
+    """Write a PNG of episode returns over frames (and a 100-episode running mean)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise DaskrlError(
+            f"plotting needs matplotlib, which is not installed ({e}). "
+            'Install it with: pip install "daskrl[plot]"'
+        ) from None
+    xs, ys = _returns_by_batch(store.records())
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    try:
+        if ys.size:
+            ax.scatter(xs, ys, s=6, alpha=0.35, label="episode return")
+            c = np.concatenate([[0.0], np.cumsum(ys)])
+            i = np.arange(1, ys.size + 1)
+            lo = np.maximum(0, i - 100)
+            running = (c[i] - c[lo]) / (i - lo)  # trailing mean of up to 100 episodes
+            ax.plot(xs, running, color="C1", lw=2, label="mean of the last 100 episodes")
+            ax.legend(loc="best")
+        else:
+            ax.text(0.5, 0.5, "no episode has ended yet", ha="center", va="center",
+                    transform=ax.transAxes)
+        ax.set_xlabel("frames collected (end of the episode's batch)")
+        ax.set_ylabel("episode return")
+        ax.set_title(title or store.url)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        out = Path(path)
+        fig.savefig(out, format="png")
+    finally:
+        plt.close(fig)
+    return out
