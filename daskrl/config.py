@@ -60,6 +60,12 @@ class CollectorConfig:
     a slow learner (backpressure)."""
     compression: Compression = Compression.ZSTD
     """Compressor for the stored chunks."""
+    max_policy_lag: int | None = None
+    """Hand over no batch whose policy lag (the learner's newest weights version at hand-over
+    minus the batch's ``weights_version``) exceeds this: such a batch is dropped and its frames
+    are collected again with the newest weights, so the learner still gets ``total_frames``.
+    A dropped batch stays committed in the store (it is real data, and commits are never
+    undone); ``Collector.summary()["dropped_stale"]`` counts them. ``None``: no limit."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
@@ -69,6 +75,7 @@ class CollectorConfig:
         _positive_int("init_random_frames", self.init_random_frames, minimum=0)
         _positive_int("num_workers", self.num_workers, allow_none=True)
         _positive_int("batches_in_flight", self.batches_in_flight)
+        _positive_int("max_policy_lag", self.max_policy_lag, allow_none=True, minimum=0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}.")
         e = self.envs_per_worker
