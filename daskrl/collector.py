@@ -392,12 +392,14 @@ class Collector:
     def submit(self) -> Future:
         """Submit the next batch now; return a ``distributed.Future`` of its handle.
 
-        The future works with ``distributed.wait``, ``as_completed`` and ``await`` (with an
-        asynchronous client). Pass its handle to :meth:`hand_over` to get its ``policy_lag``
-        and count it in :meth:`summary`. Cancelling the future (``future.cancel()``) before
-        its batch starts leaves nothing in the store; cancelling it while the batch runs stops
-        the batch before its write, unless the write has begun (then the batch is committed
-        like any other). A cancelled batch's frames are not collected again.
+        The future works with ``distributed.wait``, ``as_completed`` (inside
+        ``with collector.client.as_current():`` unless it is the default client) and ``await``
+        (with an asynchronous client). Pass its handle to :meth:`hand_over` to get its
+        ``policy_lag`` and count it in :meth:`summary`. Cancelling the future
+        (``future.cancel()``) before its batch starts leaves nothing in the store; cancelling
+        it while the batch runs stops the batch before its write, unless the write has begun
+        (then the batch is committed like any other). A cancelled batch's frames are not
+        collected again.
         """
         self._check_open()
         fut = self._submit_next()
