@@ -60,6 +60,8 @@ class Args:
     """where to save the trained Q-network's state_dict (default: nowhere)"""
     progress: bool = True
     """show a progress bar"""
+    torch_threads: int = 1
+    """torch threads: one is fastest for a small MLP on a busy machine"""
 
 
 def parse_args() -> Args:
@@ -77,20 +79,23 @@ def parse_args() -> Args:
 
 
 class StoreTransitions(IterableDataset):
-    """Transitions ``(observation, action, reward, next_observation, terminated)`` of a store.
+    """Minibatches of transitions ``(observation, action, reward, next_observation,
+    terminated)`` read from a store.
 
     Each pass reads the store's committed batches in a random order, ``window`` batches at a
-    time, and yields their transitions shuffled within the window.
+    time, shuffles their transitions within the window and yields them ``batch_size`` at a time
+    (whole minibatches: indexing tensors beats collating single transitions).
     """
 
     KEYS = ("observation", "action", "reward", "next_observation", "terminated")
 
-    def __init__(self, url: str, window: int, seed: int) -> None:
+    def __init__(self, url: str, batch_size: int, window: int, seed: int) -> None:
         self.store = daskrl.open_store(url)
         self.batch_ids = self.store.batch_ids()
         if not self.batch_ids:
             raise SystemExit(f"store {url!r} holds no batches: run fsx_collect.py first.")
         self.frames = self.store.frames
+        self.batch_size = batch_size
         self.window = window
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -100,8 +105,9 @@ class StoreTransitions(IterableDataset):
             loaded = [self.store.load(self.batch_ids[i], keys=self.KEYS)
                       for i in order[start:start + self.window]]
             flat = {k: torch.cat([b[k].flatten(0, 1) for b in loaded]) for k in self.KEYS}
-            for j in torch.randperm(len(flat["reward"]), generator=self.generator).tolist():
-                yield {k: v[j] for k, v in flat.items()}
+            perm = torch.randperm(len(flat["reward"]), generator=self.generator)
+            for idx in perm.split(self.batch_size):
+                yield {k: v[idx] for k, v in flat.items()}
 
 
 def evaluate(q: nn.Module, env_id: str, episodes: int, seed: int) -> list[float]:
@@ -122,8 +128,9 @@ def evaluate(q: nn.Module, env_id: str, episodes: int, seed: int) -> list[float]
 
 
 def main(args: Args) -> None:
+    torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
-    data = StoreTransitions(args.store, args.shuffle_batches, args.seed)
+    data = StoreTransitions(args.store, args.batch_size, args.shuffle_batches, args.seed)
     store = data.store
     first = store.load(data.batch_ids[0], keys=["observation"])["observation"]
     env_id = args.env_id
@@ -135,13 +142,12 @@ def main(args: Args) -> None:
                       nn.Linear(args.hidden, n_actions))
     target = copy.deepcopy(q)
     optimizer = torch.optim.Adam(q.parameters(), lr=args.learning_rate)
-    loader = DataLoader(data, batch_size=args.batch_size)
+    loader = DataLoader(data, batch_size=None)  # the dataset yields whole minibatches
     print(f"store {store.url}: {len(data.batch_ids)} batches, {data.frames} frames of {env_id}")
     steps, start = 0, time.perf_counter()
     for epoch in range(args.epochs):
         losses = []
-        for batch in tqdm(loader, desc=f"epoch {epoch}", disable=not args.progress,
-                          total=-(-data.frames // args.batch_size), leave=False):
+        for batch in tqdm(loader, desc=f"epoch {epoch}", disable=not args.progress, leave=False):
             with torch.no_grad():
                 next_q = target(batch["next_observation"].float()).max(-1).values
                 y = batch["reward"] + args.gamma * next_q * (~batch["terminated"]).float()
