@@ -135,9 +135,12 @@ def _collect(args: argparse.Namespace) -> int:
         if deployment is not None:
             deployment.close()
     mean = "n/a" if math.isnan(s["mean_return"]) else f"{s['mean_return']:.2f}"
+    per_worker = ", ".join(f"{addr} {w['fps']:.0f} ({w['rollout_fps']:.0f} stepping)"
+                           for addr, w in s["workers"].items())
     print(
         f"collected {s['frames']} frames in {s['batches']} batches on {n_workers} workers, "
         f"{s['seconds']:.1f}s ({s['fps']:.0f} frames/s)\n"
+        f"frames/s per worker: {per_worker}\n"
         f"episodes finished: {s['episodes']}, mean return (last 100): {mean}\n"
         f"store: {s['store']}  (read it with daskrl.open_store({s['store']!r}))"
     )

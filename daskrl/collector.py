@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import itertools
 import logging
-import math
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -21,9 +22,10 @@ from .devices import DeviceSetting, check_device_setting
 from .envs import EnvLike, EnvSpec, check_env_vars
 from .errors import CollectorClosedError, ConfigError, DaskrlError, PolicyError, StoreError
 from .handles import BatchHandle
+from .metrics import CollectionStats
 from .rollout import check_action, split_policy_output
 from .store import BATCH_IDS_PER_RUN, TrajectoryStore
-from .versions import check_versions
+from .versions import acheck_versions, check_versions
 from .weights import PolicyLike, WeightsSnapshot, policy_spec, resolve_policy, snapshot
 from .worker import (
     IN_PROCESS_WEIGHTS,
@@ -92,6 +94,16 @@ class Collector:
     ...     for handle in collector:
     ...         batch = handle.load(device="cpu")
     ...         collector.update_weights(policy)
+
+    With an asynchronous ``Client`` (``Client(..., asynchronous=True)``), start it with
+    ``await`` or ``async with``; then ``update_weights`` and ``close`` return awaitables,
+    ``submit()`` futures are awaited, and ``async for`` iterates:
+
+    >>> async with Collector(env, policy, url, client=async_client) as collector:
+    ...     handle = collector.hand_over(await collector.submit())
+    ...     await collector.update_weights(policy)
+    ...     async for handle in collector:
+    ...         ...
     """
 
     def __init__(
@@ -120,6 +132,7 @@ class Collector:
         on_env_error: str = "raise",
         max_env_restarts: int = 3,
         compression: Compression | str = Compression.ZSTD,
+        max_policy_lag: int | None = None,
     ) -> None:
         self._closed = True  # until fully started, close() has nothing to do
         # 1. Everything that can be checked on the learner, before any worker spends time.
@@ -138,6 +151,7 @@ class Collector:
             on_env_error=on_env_error,
             max_env_restarts=max_env_restarts,
             compression=compression,  # type: ignore[arg-type]
+            max_policy_lag=max_policy_lag,
         )
         if frames_per_batch >= 1 << 24:
             raise ConfigError(f"frames_per_batch must be below {1 << 24}, got {frames_per_batch}.")
@@ -176,6 +190,11 @@ class Collector:
             self, Collector._cleanup, self.client, self._own_cluster, self._plugin_name,
             self._pending, self._weights,
         )
+        self._ready = False  # plugin registered, first weights published
+        self._module: torch.nn.Module | None = None
+        if self.client.asynchronous:
+            self._module = module  # started by ``await collector`` / ``async with collector``
+            return
         try:
             check_versions(self.client)  # same torch, gymnasium, zarr, daskrl... everywhere
             self._start(module)
@@ -190,8 +209,8 @@ class Collector:
         self._own_cluster = cluster
         return Client(cluster, set_as_default=False)
 
-    def _start(self, module: torch.nn.Module) -> None:
-        plugin = CollectorPlugin(
+    def _plugin(self) -> CollectorPlugin:
+        return CollectorPlugin(
             self._plugin_name,
             self.env_spec,
             self._policy_spec,
@@ -201,11 +220,20 @@ class Collector:
             self._store.url,
             self._store.storage_options,
         )
-        self.client.register_plugin(plugin, name=self._plugin_name)
+
+    def _start(self, module: torch.nn.Module) -> None:
+        self.client.register_plugin(self._plugin(), name=self._plugin_name)
         workers = sorted(self.client.scheduler_info()["workers"])
         if not workers:
             self.client.wait_for_workers(1, timeout=120)
             workers = sorted(self.client.scheduler_info()["workers"])
+        self._init_state(workers)
+        self._probe_store(workers)
+        # Every worker builds the policy, picks its device and loads version 0 now, so a bad
+        # device, policy or weights path fails here rather than in the first batch.
+        self.update_weights(module, wait=True)
+
+    def _init_state(self, workers: list[str]) -> None:
         self.num_streams = self.config.num_workers or len(workers)
         self._stream_workers = [workers[s % len(workers)] for s in range(self.num_streams)]
         self._version = -1
@@ -220,14 +248,9 @@ class Collector:
         self._next_stream = 0
         self._stream_last: dict[int, int] = {}  # stream -> id of its latest submitted batch
         self._exhausted = False
-        self._frames = 0
-        self._batches = 0
-        self._episodes: list[float] = []
-        self._started = time.perf_counter()
-        self._probe_store(workers)
-        # Every worker builds the policy, picks its device and loads version 0 now, so a bad
-        # device, policy or weights path fails here rather than in the first batch.
-        self.update_weights(module, wait=True)
+        self._requeue: collections.deque[int] = collections.deque()  # frames to collect again
+        self._stats = CollectionStats()
+        self._ready = True
 
     def _probe_store(self, workers: list[str]) -> None:
         """Every worker must see and write the learner's store: the classic failure is a local
@@ -241,15 +264,17 @@ class Collector:
                 for w in workers
             ]
             for address in self.client.gather(futures):
-                if self._store.read_probe(self.run, address) != token:
-                    raise StoreError(
-                        f"the learner does not see what worker {address} wrote to the store "
-                        f"{self._store.url!r}. A local path is not shared between machines: use "
-                        "a shared filesystem mounted at the same path everywhere, or an object "
-                        "store URL."
-                    )
+                self._check_probe(address, token)
         finally:
             self._store.clear_probes(self.run)
+
+    def _check_probe(self, address: str, token: str) -> None:
+        if self._store.read_probe(self.run, address) != token:
+            raise StoreError(
+                f"the learner does not see what worker {address} wrote to the store "
+                f"{self._store.url!r}. A local path is not shared between machines: use a "
+                "shared filesystem mounted at the same path everywhere, or an object store URL."
+            )
 
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, policy: torch.nn.Module, *, wait: bool = False) -> int:
@@ -258,7 +283,10 @@ class Collector:
         The weights are copied now, so the learner may change them in place right after.
         Batches submitted from now on use this version. Each worker fetches a version once,
         when its first batch on that version starts; ``wait=True`` instead pushes it to every
-        worker now and returns once all have verified and loaded it.
+        worker now and returns once all have verified and loaded it. Batches already
+        in flight keep theirs (nothing waits for them to finish). With an asynchronous client
+        this returns an awaitable of the version: ``await collector.update_weights(policy)``
+        (await each update before the next).
         """
         self._check_open()
         if not isinstance(policy, torch.nn.Module):
@@ -276,6 +304,8 @@ class Collector:
                     "the collector started with (names, dtypes or shapes changed). Make a new "
                     "Collector for a new architecture."
                 )
+        if self.client.asynchronous:
+            return self._apublish(snap, wait)  # type: ignore[return-value]
         self._weights[version] = self._publish(snap)
         self._snapshots[version] = snap
         self._version = version
@@ -331,19 +361,21 @@ class Collector:
 
     def _weights_key(self) -> tuple[str, str]:
         """``(published name, data key)`` of the newest version, scattered again if lost."""
-        if self._live_workers():
-            self._republish_lost_weights()
+        self._republish_lost_weights()
         fut = self._weights[self._version]
         return self._weights_name(self._version), str(fut.key)
 
     # -- scheduling ----------------------------------------------------------------------------
     def _submit_next(self, stream: int | None = None) -> Future | None:
-        if self._exhausted:
-            return None
-        frames = next(self._schedule, None)
-        if frames is None:
-            self._exhausted = True
-            return None
+        if self._requeue:  # frames of batches dropped as too stale come first
+            frames = self._requeue.popleft()
+        else:
+            if self._exhausted:
+                return None
+            frames = next(self._schedule, None)
+            if frames is None:
+                self._exhausted = True
+                return None
         if stream is None:
             stream = self._next_stream
             self._next_stream = (self._next_stream + 1) % self.num_streams
@@ -401,24 +433,80 @@ class Collector:
             self._stream_workers[stream] = min(live, key=lambda w: (load[w], w))
         return self._stream_workers[stream]
 
-    def _hand_over(self, task: BatchTask, handle: BatchHandle) -> BatchHandle:
-        handle = _with_lag(handle, self._version - handle.weights_version)
-        self._frames += handle.frames
-        self._batches += 1
-        self._episodes.extend(handle.episode_returns)
+    def _hand_over(self, task: BatchTask, handle: BatchHandle) -> BatchHandle | None:
+        """Hand over an iterator's batch; None if it is too stale (its frames are requeued)."""
+        lag = self._version - handle.weights_version
+        limit = self.config.max_policy_lag
+        if limit is not None and lag > limit:
+            self._stats.drop(handle)
+            self._requeue.append(handle.frames)
+            logger.debug("batch %d dropped: policy lag %d > max_policy_lag=%d",
+                         handle.batch_id, lag, limit)
+            return None
+        handle = _with_lag(handle, lag)
+        self._stats.record(handle)
         return handle
 
+    def hand_over(self, handle: BatchHandle | Future) -> BatchHandle:
+        """Take over the handle of a batch from :meth:`submit`; return it with its policy lag.
+
+        The handle a ``submit()`` future resolves to has ``policy_lag=0``: the lag is only
+        known when the learner takes the batch. ``hand_over`` sets it (the newest weights
+        version now minus the batch's ``weights_version``), counts the batch in
+        :meth:`summary` and lets the collector forget the future. Pass the handle (or, with a
+        synchronous client, the future itself). ``max_policy_lag`` does not apply here: the
+        learner sees the lag and decides. Handles yielded by iterating are handed over already.
+        """
+        self._check_open()
+        if isinstance(handle, Future):
+            if self.client.asynchronous:
+                raise DaskrlError(
+                    "hand_over got a Future, but this collector's client is asynchronous: "
+                    "pass the handle instead, collector.hand_over(await future)."
+                )
+            fut: Future | None = handle
+            handle = handle.result()
+        else:
+            fut = next((f for f, t in self._pending.items() if t.batch_id == handle.batch_id),
+                       None)
+        if not isinstance(handle, BatchHandle) or fut not in self._pending:
+            what = handle.batch_id if isinstance(handle, BatchHandle) else repr(handle)
+            raise DaskrlError(
+                f"hand_over got batch {what}, which is not a batch of this collector waiting to "
+                "be handed over: pass each handle of a submit() future once; handles from "
+                "iterating the collector are handed over already."
+            )
+        self._pending.pop(fut)
+        handle = _with_lag(handle, self._version - handle.weights_version)
+        self._stats.record(handle)
+        return handle
+
+    @property
+    def in_flight(self) -> int:
+        """Batches submitted and not yet handed over (queued, running, or done and waiting)."""
+        return len(self._pending) if self._ready else 0
+
     def submit(self) -> Future:
-        """Submit the next batch now; return a ``distributed.Future`` of its handle."""
+        """Submit the next batch now; return a ``distributed.Future`` of its handle.
+
+        The future works with ``distributed.wait``, ``as_completed`` (inside
+        ``with collector.client.as_current():`` unless it is the default client) and ``await``
+        (with an asynchronous client). Pass its handle to :meth:`hand_over` to get its
+        ``policy_lag`` and count it in :meth:`summary`. Cancelling the future
+        (``future.cancel()``) before its batch starts leaves nothing in the store; cancelling
+        it while the batch runs stops the batch before its write, unless the write has begun
+        (then the batch is committed like any other). A cancelled batch's frames are not
+        collected again.
+        """
         self._check_open()
         fut = self._submit_next()
         if fut is None:
             raise CollectorClosedError(
                 f"total_frames={self.config.total_frames} are all submitted; no batch is left."
             )
-        # The caller owns this future: it is neither re-dispatched nor awaited by an iterator.
+        # The caller owns this future: it is not re-dispatched by an iterator; hand_over()
+        # takes it off the books.
         self._placement.pop(fut, None)
-        fut.add_done_callback(lambda f: self._pending.pop(f, None))
         return fut
 
     def __iter__(self) -> Iterator[BatchHandle]:
@@ -437,25 +525,35 @@ class Collector:
             # Results are fetched as tasks finish, and handed over in batch order.
             order = [self._pending[f].batch_id for f in round_]
             ac = self._as_completed(round_)
-            done: dict[int, tuple[BatchTask, BatchHandle]] = {}
+            done: dict[int, tuple[Future, BatchHandle]] = {}
             for batch_id in order:
                 while batch_id not in done:
-                    task, handle = self._next_done(ac)
-                    done[task.batch_id] = (task, handle)
-                yield self._hand_over(*done.pop(batch_id))
+                    fut, result = self._next_done(ac)
+                    done[self._pending[fut].batch_id] = (fut, result)
+                fut, result = done.pop(batch_id)
+                handle = self._hand_over(self._pending.pop(fut), result)
+                if handle is not None:  # else dropped as too stale: recollected next round
+                    yield handle
 
     def _iter_async(self) -> Iterator[BatchHandle]:
-        first = [self._submit_next(s) for _ in range(self.config.batches_in_flight)
-                 for s in range(self.num_streams)]
-        ac = self._as_completed([f for f in first if f])
-        while not ac.is_empty():
-            task, handle = self._next_done(ac)
-            nxt = self._submit_next(task.stream)
-            if nxt is not None:
-                ac.add(nxt)
-            yield self._hand_over(task, handle)
+        ac = self._as_completed([])
+        refill = [s for _ in range(self.config.batches_in_flight) for s in range(self.num_streams)]
+        while True:
+            # A stream's next batch is submitted when the learner comes back for a handle, so
+            # it gets the weights the learner published meanwhile; the stream's other batches
+            # in flight keep its worker busy in the meantime.
+            for fut in filter(None, map(self._submit_next, refill)):
+                ac.add(fut)
+            if ac.is_empty():
+                return
+            fut, result = self._next_done(ac)
+            task = self._pending.pop(fut)
+            refill = [task.stream]
+            handle = self._hand_over(task, result)
+            if handle is not None:  # else dropped as too stale: its frames are requeued
+                yield handle
 
-    def _next_done(self, ac: as_completed) -> tuple[BatchTask, BatchHandle]:
+    def _next_done(self, ac: as_completed) -> tuple[Future, BatchHandle]:
         """The next finished batch, keeping the collection healthy meanwhile: lost weights are
         scattered again, batches stranded on a departed worker are sent elsewhere, and a
         cluster without workers for ``lost_workers_timeout`` seconds is an error."""
@@ -465,13 +563,12 @@ class Collector:
                 raise RuntimeError("daskrl internal error: waiting with no batch in flight")
             if ac.has_ready():
                 fut, result = next(ac)
-                task = self._pending.pop(fut, None)
                 self._placement.pop(fut, None)
-                if task is None:  # a replaced attempt
+                if fut not in self._pending:  # a replaced attempt
                     continue
                 if fut.status != "finished":
                     fut.result()  # raises the worker's error, with its traceback
-                return task, result
+                return fut, result  # still pending until handed over
             live = self._live_workers(refresh=True)
             if live:
                 no_workers_since = None
@@ -508,25 +605,37 @@ class Collector:
             ac.add(self._dispatch(task, attempt + 1))
 
     def _republish_lost_weights(self) -> None:
-        """Scattered data dies with its worker: scatter lost versions again from the learner."""
-        for version, fut in list(self._weights.items()):
-            if fut.status in ("lost", "cancelled", "error"):
-                logger.warning("weights version %d was lost with its worker(s); scattering it "
-                               "again", version)
+        """Scattered data dies with its worker: scatter lost versions again from the learner
+        (later, on the next health check, if no worker is there to take them now)."""
+        lost = [v for v, f in self._weights.items() if f.status in ("lost", "cancelled", "error")]
+        if not lost or not self._live_workers(refresh=True):
+            return
+        for version in lost:
+            logger.warning("weights version %d was lost with its worker(s); scattering it "
+                           "again", version)
+            try:
                 self._weights[version] = self._publish(self._snapshots[version])
+            except (TimeoutError, OSError):  # the workers left meanwhile: retried later
+                logger.debug("scattering weights version %d failed", version, exc_info=True)
+                return
 
     # -- metrics -------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Running totals: frames, batches, frames/s, episodes, mean return (last 100)."""
-        elapsed = time.perf_counter() - self._started
-        recent = self._episodes[-100:]
+        """Running totals over the batches handed over to the learner.
+
+        Keys: ``frames``, ``batches``, ``seconds`` (since start), ``fps`` (frames/s handed
+        over), ``episodes`` (finished), ``mean_return`` and ``mean_length`` (last 100
+        episodes), ``policy_lag_mean``, ``policy_lag_max``, ``policy_lag_counts``
+        (``{lag: batches}``), ``dropped_stale`` and ``dropped_frames`` (batches not handed over
+        because of ``max_policy_lag``), ``workers`` (per address: ``batches``, ``frames``,
+        ``fps`` over the run's wall time, ``rollout_fps`` while stepping, ``write_seconds``),
+        ``in_flight``, ``weights_version`` and ``store``.
+        """
+        if not hasattr(self, "_stats"):  # works after close(), not before the start
+            self._check_open()
         return {
-            "frames": self._frames,
-            "batches": self._batches,
-            "seconds": elapsed,
-            "fps": self._frames / elapsed if elapsed > 0 else 0.0,
-            "episodes": len(self._episodes),
-            "mean_return": float(np.mean(recent)) if recent else math.nan,
+            **self._stats.summary(),
+            "in_flight": len(self._pending),
             "weights_version": self._version,
             "store": self._store.url,
         }
@@ -540,9 +649,19 @@ class Collector:
     def _check_open(self) -> None:
         if self._closed:
             raise CollectorClosedError("this collector is closed; create a new one.")
+        if not self._ready:
+            raise DaskrlError(
+                "this collector has an asynchronous client and is not started yet: use "
+                "`collector = await Collector(...)` or `async with Collector(...) as collector`."
+            )
 
     def close(self) -> None:
-        """Stop outstanding tasks, free worker state, close an embedded cluster."""
+        """Stop outstanding tasks, free worker state, close an embedded cluster.
+
+        With an asynchronous client this returns an awaitable: ``await collector.close()``.
+        """
+        if getattr(self, "client", None) is not None and self.client.asynchronous:
+            return self.aclose()  # type: ignore[return-value]
         if self._closed:
             if getattr(self, "_own_cluster", None) is not None and hasattr(self, "client"):
                 self._finalizer()
@@ -558,6 +677,8 @@ class Collector:
     def _cleanup(client: Client, cluster: LocalCluster | None, plugin_name: str,
                  pending: dict[Future, Any], weights: dict[int, Future]) -> None:
         """Release what a collector holds on the cluster (also run if it is garbage-collected)."""
+        if client.asynchronous:  # nothing can be awaited here; aclose() does the cleanup
+            return
         try:
             if client.status == "running":
                 if pending:
@@ -583,12 +704,148 @@ class Collector:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- asynchronous clients ------------------------------------------------------------------
+    async def _astart(self) -> Collector:
+        if self._ready or self._closed:
+            return self
+        try:
+            await self.client.register_plugin(self._plugin(), name=self._plugin_name)
+            info = await self.client.scheduler.identity(n_workers=-1)
+            if not info["workers"]:
+                await self.client.wait_for_workers(1, timeout=120)
+                info = await self.client.scheduler.identity(n_workers=-1)
+            workers = sorted(info["workers"])
+            await acheck_versions(self.client)
+            self._init_state(workers)
+            await self._aprobe_store(workers)
+            module, self._module = self._module, None
+            await self.update_weights(module, wait=True)  # type: ignore[arg-type,misc]
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    def __await__(self) -> Generator[Any, None, Collector]:
+        return self._astart().__await__()
+
+    async def __aenter__(self) -> Collector:
+        return await self._astart()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _apublish(self, snap: WeightsSnapshot, wait: bool = False) -> int:
+        """:meth:`update_weights` with an asynchronous client (see :meth:`_publish`)."""
+        name = self._weights_name(snap.version)
+        IN_PROCESS_WEIGHTS[name] = snap
+        [future] = await self.client.scatter([snap], hash=False, broadcast=True)
+        await self.client.publish_dataset(future, name=name, override=True)
+        self._weights[snap.version] = future
+        self._snapshots[snap.version] = snap
+        self._version = snap.version
+        in_use = {t.weights_version for t in self._pending.values()} | {self._version}
+        for v in [v for v in self._weights if v not in in_use]:
+            await self._aunpublish(v)
+        if wait:
+            info = await self.client.scheduler.identity(n_workers=-1)
+            await self.client.gather([
+                self.client.submit(preload_weights, self._plugin_name, snap.version, name,
+                                   str(future.key), workers=[w], pure=False,
+                                   key=f"daskrl-preload-{self._id}-{snap.version}-{w}")
+                for w in info["workers"]
+            ])
+        return snap.version
+
+    async def _aprobe_store(self, workers: list[str]) -> None:
+        """:meth:`_probe_store` with an asynchronous client."""
+        token = uuid.uuid4().hex
+        self._store.write_probe(self.run, "learner", token)
+        try:
+            addresses = await self.client.gather([
+                self.client.submit(probe_store, self._plugin_name, self.run, token, workers=[w],
+                                   key=f"daskrl-probe-{self._id}-{w}", pure=False)
+                for w in workers
+            ])
+            for address in addresses:
+                self._check_probe(address, token)
+        finally:
+            self._store.clear_probes(self.run)
+
+    async def _aunpublish(self, version: int) -> None:
+        fut = self._weights.pop(version)
+        self._spare = self._snapshots.pop(version, None)
+        IN_PROCESS_WEIGHTS.pop(self._weights_name(version), None)
+        try:
+            await self.client.unpublish_dataset(self._weights_name(version))
+        except KeyError:
+            pass
+        fut.release()
+
+    async def aclose(self) -> None:
+        """Close (see :meth:`close`) from async code; with any client."""
+        if not self.client.asynchronous:
+            self.close()
+            return
+        if self._closed:
+            return
+        self._closed = True
+        pending = list(getattr(self, "_pending", {}))
+        if pending:
+            await self.client.cancel(pending)
+        if self.client.status == "running":
+            for v in list(getattr(self, "_weights", {})):
+                await self._aunpublish(v)
+            try:
+                await self.client.unregister_worker_plugin(self._plugin_name)
+            except Exception:  # never registered, or the cluster is gone
+                logger.debug("could not unregister %s", self._plugin_name, exc_info=True)
+        self._weights.clear()
+        self._pending.clear()
+        self._finalizer.detach()
+
+    def __aiter__(self) -> AsyncIterator[BatchHandle]:
+        self._check_open()
+        if not self.client.asynchronous:
+            raise DaskrlError(
+                "`async for` needs a collector with an asynchronous client "
+                "(Client(..., asynchronous=True)); with this one, use a plain `for` loop."
+            )
+        return self._aiter_sync() if self.config.sync else self._aiter_async()
+
+    async def _aiter_sync(self) -> AsyncIterator[BatchHandle]:
+        while True:
+            round_ = [f for f in (self._submit_next(s) for s in range(self.num_streams)) if f]
+            if not round_:
+                return
+            for fut in round_:
+                result = await fut
+                self._placement.pop(fut, None)
+                handle = self._hand_over(self._pending.pop(fut), result)
+                if handle is not None:
+                    yield handle
+
+    async def _aiter_async(self) -> AsyncIterator[BatchHandle]:
+        ac = as_completed(loop=self.client.loop)
+        refill = [s for _ in range(self.config.batches_in_flight) for s in range(self.num_streams)]
+        while True:
+            for fut in filter(None, map(self._submit_next, refill)):
+                ac.add(fut)
+            try:
+                fut = await ac.__anext__()
+            except StopAsyncIteration:
+                return
+            result = await fut
+            self._placement.pop(fut, None)
+            task = self._pending.pop(fut)
+            refill = [task.stream]
+            handle = self._hand_over(task, result)
+            if handle is not None:
+                yield handle
+
 
 def _layout(snap: WeightsSnapshot) -> tuple[Any, ...]:
     return snap.names, snap.dtypes, tuple(a.shape for a in snap.arrays)
 
 
 def _with_lag(handle: BatchHandle, lag: int) -> BatchHandle:
-    import dataclasses
-
     return dataclasses.replace(handle, policy_lag=lag)

@@ -69,6 +69,12 @@ class CollectorConfig:
     to ``max_env_restarts`` times; counted in ``BatchHandle.env_restarts``)."""
     max_env_restarts: int = 3
     """With ``on_env_error="restart"``: rebuilds allowed per batch before the error is raised."""
+    max_policy_lag: int | None = None
+    """Hand over no batch whose policy lag (the learner's newest weights version at hand-over
+    minus the batch's ``weights_version``) exceeds this: such a batch is dropped and its frames
+    are collected again with the newest weights, so the learner still gets ``total_frames``.
+    A dropped batch stays committed in the store (it is real data, and commits are never
+    undone); ``Collector.summary()["dropped_stale"]`` counts them. ``None``: no limit."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
@@ -92,6 +98,7 @@ class CollectorConfig:
             raise ConfigError(
                 f"on_env_error must be 'raise' or 'restart', got {self.on_env_error!r}."
             )
+        _positive_int("max_policy_lag", self.max_policy_lag, allow_none=True, minimum=0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}.")
         e = self.envs_per_worker

@@ -35,8 +35,9 @@ class CountingEnv(gym.Env):
 
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(self, length: int = 5, env_var: str | None = None) -> None:
+    def __init__(self, length: int = 5, env_var: str | None = None, delay: float = 0.0) -> None:
         self.length = length
+        self.delay = delay  # seconds each step sleeps: a slow env, to catch batches in flight
         self.observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.action_space = spaces.Discrete(2)
         self.episode = -1
@@ -57,6 +58,10 @@ class CountingEnv(gym.Env):
         return self._obs(), {}
 
     def step(self, action: Any):
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
         self.t += 1
         return self._obs(), float(self.t), self.t >= self.length, False, {}
 

@@ -15,7 +15,7 @@ from distributed import Client
 from .errors import VersionMismatchError
 
 __all__ = [
-    "CHECKED_PACKAGES", "check_versions", "format_table", "version_differences", "version_table",
+    "CHECKED_PACKAGES", "acheck_versions", "check_versions", "format_table", "version_differences", "version_table",
 ]
 
 CHECKED_PACKAGES: tuple[str, ...] = (
@@ -86,7 +86,18 @@ def check_versions(client: Client, packages: Sequence[str] = CHECKED_PACKAGES) -
     """
     if not client.scheduler_info()["workers"]:
         client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
-    versions = client.get_versions(packages=list(packages))
+    _raise_on_differences(client.get_versions(packages=list(packages)), packages)
+
+
+async def acheck_versions(client: Client, packages: Sequence[str] = CHECKED_PACKAGES) -> None:
+    """:func:`check_versions` for an asynchronous client."""
+    info = await client.scheduler.identity(n_workers=-1)
+    if not info["workers"]:
+        await client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
+    _raise_on_differences(await client.get_versions(packages=list(packages)), packages)
+
+
+def _raise_on_differences(versions: Mapping[str, Any], packages: Sequence[str]) -> None:
     table = version_table(versions, packages)
     if table:
         n = len(version_differences(versions, packages))

@@ -229,8 +229,20 @@ def _seed_for(seed: int, batch_id: int) -> int:
     return int(np.random.SeedSequence([seed, 1, batch_id]).generate_state(1)[0])
 
 
-def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle:
-    """Run one batch on this worker, write it to the store, return its handle."""
+def _cancelled(worker: Any) -> bool:
+    """True if the task running in this thread was cancelled (its result is not wanted)."""
+    try:
+        ts = worker.state.tasks.get(worker.get_current_task())
+    except Exception:  # not inside a task, or worker internals changed: assume wanted
+        return False
+    return ts is not None and ts.state == "cancelled"
+
+
+def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle | None:
+    """Run one batch on this worker, write it to the store, return its handle.
+
+    Returns None, writing nothing, if the task was cancelled while it ran.
+    """
     worker = get_worker()
     plugin: CollectorPlugin = worker.plugins[plugin_name]
     cfg = plugin.config
@@ -274,6 +286,11 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle:
         rollout_seconds=stats["rollout_seconds"],
         env_restarts=restarts,
     )
+    if _cancelled(worker):
+        # The learner cancelled this batch while it ran: its result would be thrown away, so
+        # it is not written (a batch cancelled once its write has begun is committed).
+        logger.debug("batch %d cancelled before its write; not committed", task.batch_id)
+        return None
     meta = handle.record()
     path, committed = plugin.get_store().write_batch(task.batch_id, arrays, meta, cfg.compression)
     store = plugin.get_store()

@@ -30,6 +30,8 @@ def test_cli_collect_prints_a_summary_and_writes_the_store(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "collected 4096 frames in 4 batches on 1 workers" in out.stdout
     assert re.search(r"episodes finished: \d+, mean return \(last 100\): \d+\.\d\d", out.stdout)
+    assert re.search(r"^frames/s per worker: tls://[\d.:]+ \d+ \(\d+ stepping\)$", out.stdout,
+                     re.M), out.stdout
     assert f"store: file://{store}" in out.stdout
     assert daskrl.open_store(str(store)).frames == 4096
 
