@@ -9,7 +9,8 @@ For each env (CartPole-v1, Pendulum-v1 by default) and each worker count N (1 an
   step into preallocated numpy arrays. One torch/OMP thread each, like a Dask nanny worker.
   Envs and policy are built before a barrier; frames/s = all frames / slowest process's time.
 * daskrl: ``daskrl.Collector`` on the embedded cluster's set-up
-  (``daskrl.cluster.local_cluster(N)``: N one-thread workers) started beforehand; one warm-up run (2 batches per worker), then the timed run: from just
+  (``daskrl.cluster.local_cluster(N)``: N one-thread workers, TLS) started beforehand, in sync
+  and async mode, and in sync mode again on the same cluster without TLS (its cost); one warm-up run (2 batches per worker), then the timed run: from just
   before iterating to the last handle (batches are written to a temporary zarr store, never
   loaded). The cluster is reused for both envs at a given N.
 
@@ -173,21 +174,33 @@ def main() -> None:
     for n in args.workers:
         ceilings = {e: max(run_ceiling(e, n, steps) for _ in range(args.repeats))
                     for e in args.envs}
-        with local_cluster(n) as cluster, Client(cluster) as client:
-            for env_id in args.envs:
-                sync = run_daskrl(client, env_id, n, args.batches_per_worker, args.repeats, True)
-                asyn = run_daskrl(client, env_id, n, args.batches_per_worker, args.repeats, False)
-                results.append({"env": env_id, "workers": n, "ceiling_fps": ceilings[env_id],
-                                "sync": sync, "async": asyn})
-                print(f"  done {env_id} N={n}: ceiling {ceilings[env_id]:,.0f}, daskrl "
-                      f"sync {sync['fps']:,.0f}, async {asyn['fps']:,.0f} frames/s", flush=True)
+        runs: dict[str, dict[str, dict]] = {e: {} for e in args.envs}
+        # The embedded cluster's default is TLS; the same runs without it price the encryption.
+        for tls in (True, False):
+            with local_cluster(n, tls=tls) as cluster, Client(cluster) as client:
+                for env_id in args.envs:
+                    b = args.batches_per_worker
+                    sync = run_daskrl(client, env_id, n, b, args.repeats, True)
+                    if tls:
+                        runs[env_id]["sync"] = sync
+                        runs[env_id]["async"] = run_daskrl(client, env_id, n, b, args.repeats,
+                                                           False)
+                    else:
+                        runs[env_id]["sync_no_tls"] = sync
+        for env_id in args.envs:
+            r = runs[env_id]
+            results.append({"env": env_id, "workers": n, "ceiling_fps": ceilings[env_id], **r})
+            print(f"  done {env_id} N={n}: ceiling {ceilings[env_id]:,.0f}, daskrl "
+                  f"sync {r['sync']['fps']:,.0f}, async {r['async']['fps']:,.0f}, sync without "
+                  f"TLS {r['sync_no_tls']['fps']:,.0f} frames/s", flush=True)
 
     print()
     print_table(["env", "workers", "ceiling frames/s", "daskrl sync", "sync/ceiling",
-                 "daskrl async", "async/ceiling"],
+                 "daskrl async", "async/ceiling", "sync no TLS", "TLS/no TLS"],
                 [[r["env"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
                   f"{r['sync']['fps'] / r['ceiling_fps']:.2f}", r["async"]["fps"],
-                  f"{r['async']['fps'] / r['ceiling_fps']:.2f}"] for r in results])
+                  f"{r['async']['fps'] / r['ceiling_fps']:.2f}", r["sync_no_tls"]["fps"],
+                  f"{r['sync']['fps'] / r['sync_no_tls']['fps']:.2f}"] for r in results])
     print("\ndaskrl time per batch (seconds, per worker):")
     print_table(["env", "workers", "mode", "rollout", "write", "other", "rollout frames/s/worker"],
                 [[r["env"], r["workers"], mode, r[mode]["rollout_s_per_batch"],
