@@ -75,27 +75,31 @@ def main() -> None:
     copy_s = best(copy_once, args.repeats)
     save_s = best(torch_save_once, args.repeats)
     snap_s = best(lambda: snapshot(policy, 0), args.repeats)
-    with (
-        local_cluster(args.workers) as cluster,
-        Client(cluster) as client,
-        tempfile.TemporaryDirectory() as tmp,
-        Collector("daskrl.testing:Counting-v0", policy, tmp, client=client, envs_per_worker=1,
-                  frames_per_batch=1, total_frames=None) as collector,
-    ):
-        daskrl_s = best(lambda: collector.update_weights(policy, wait=True), args.repeats)
+    daskrl_s = {}
+    for tls in (True, False):  # the embedded cluster's default is TLS
+        with (
+            local_cluster(args.workers, tls=tls) as cluster,
+            Client(cluster) as client,
+            tempfile.TemporaryDirectory() as tmp,
+            Collector("daskrl.testing:Counting-v0", policy, tmp, client=client,
+                      envs_per_worker=1, frames_per_batch=1, total_frames=None) as collector,
+        ):
+            daskrl_s[tls] = best(lambda c=collector: c.update_weights(policy, wait=True),
+                                 args.repeats)
 
     n = args.workers
     print(f"state: {nbytes / 2**20:.0f} MiB float32, {n} workers, best of {args.repeats}")
     rows = [
         ("copy floor (1 memcpy per worker)", n * copy_s),
         ("torch.save to bytes (1 per worker)", n * save_s),
-        ("daskrl update_weights(wait=True)", daskrl_s),
+        ("daskrl update_weights(wait=True), TLS", daskrl_s[True]),
+        ("daskrl update_weights(wait=True), no TLS", daskrl_s[False]),
         ("  of which: snapshot on the learner", snap_s),
     ]
     floor = n * copy_s
-    print(f"{'method':40s} {'seconds':>8s} {'per worker':>10s} {'x floor':>8s}")
+    print(f"{'method':42s} {'seconds':>8s} {'per worker':>10s} {'x floor':>8s}")
     for name, s in rows:
-        print(f"{name:40s} {s:8.3f} {s / n:10.3f} {s / floor:8.2f}")
+        print(f"{name:42s} {s:8.3f} {s / n:10.3f} {s / floor:8.2f}")
 
 
 if __name__ == "__main__":
