@@ -292,8 +292,8 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle | None:
         logger.debug("batch %d cancelled before its write; not committed", task.batch_id)
         return None
     meta = handle.record()
-    path, committed = plugin.get_store().write_batch(task.batch_id, arrays, meta, cfg.compression)
     store = plugin.get_store()
+    path, committed = store.write_batch(task.batch_id, arrays, meta, cfg.compression)
     if not committed:  # another attempt of this batch won: hand back the committed one
         return store.handle(task.batch_id)
     return dataclasses.replace(handle, path=path, write_seconds=time.perf_counter() - t0)
