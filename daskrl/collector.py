@@ -326,7 +326,7 @@ class Collector:
         self.client.gather(futures)
 
     def _weights_name(self, version: int) -> str:
-        return f"{self._plugin_name}-weights-v{version}"
+        return _weights_name(self._plugin_name, version)
 
     def _publish(self, snap: WeightsSnapshot) -> Future:
         # A list, so scatter makes one future of the whole snapshot. Broadcast: every worker
@@ -685,9 +685,10 @@ class Collector:
                     client.cancel(list(pending))
                     pending.clear()
                 for version in list(weights):
-                    IN_PROCESS_WEIGHTS.pop(f"{plugin_name}-weights-v{version}", None)
+                    name = _weights_name(plugin_name, version)
+                    IN_PROCESS_WEIGHTS.pop(name, None)
                     try:
-                        client.unpublish_dataset(f"{plugin_name}-weights-v{version}")
+                        client.unpublish_dataset(name)
                     except KeyError:
                         pass
                     weights.pop(version).release()
@@ -841,6 +842,11 @@ class Collector:
             handle = self._hand_over(task, result)
             if handle is not None:
                 yield handle
+
+
+def _weights_name(plugin_name: str, version: int) -> str:
+    """Name under which a weights version is published (workers fetch it by this name)."""
+    return f"{plugin_name}-weights-v{version}"
 
 
 def _layout(snap: WeightsSnapshot) -> tuple[Any, ...]:

@@ -201,11 +201,9 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
     # -- reachability probes: does every worker see this very store? ---------------------------
     def write_probe(self, run: int, name: str, token: str) -> None:
         """Leave a small marker under ``runs/<run>/probes/`` (raises :class:`StoreError`)."""
-        base = f"runs/{run:04d}/probes"
-        slug = "".join(c if c.isalnum() else "-" for c in name)
         try:
-            sync(self._zstore.set(f"{base}/zarr.json", _json_bytes(_group_doc({}))))
-            sync(self._zstore.set(f"{base}/{slug}/zarr.json",
+            sync(self._zstore.set(f"runs/{run:04d}/probes/zarr.json", _json_bytes(_group_doc({}))))
+            sync(self._zstore.set(_probe_key(run, name),
                                   _json_bytes(_group_doc({"name": name, "token": token}))))
         except OSError as e:
             raise StoreError(
@@ -216,8 +214,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
 
     def read_probe(self, run: int, name: str) -> str | None:
         """The token of ``name``'s marker, or None if this process cannot see it."""
-        slug = "".join(c if c.isalnum() else "-" for c in name)
-        doc = self._get_json(f"runs/{run:04d}/probes/{slug}/zarr.json")
+        doc = self._get_json(_probe_key(run, name))
         return None if doc is None else doc["attributes"].get("token")
 
     def clear_probes(self, run: int) -> None:
@@ -379,6 +376,12 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
 _EXCLUSIVE_PROTOCOLS = frozenset({"s3", "s3a", "memory"})
 """fsspec protocols whose ``pipe_file(mode="create")`` is known to be an exclusive create
 (s3fs sends ``If-None-Match: *``); others may ignore the mode and overwrite."""
+
+
+def _probe_key(run: int, name: str) -> str:
+    """Key of ``name``'s reachability marker (a worker address made path-safe)."""
+    slug = "".join(c if c.isalnum() else "-" for c in name)
+    return f"runs/{run:04d}/probes/{slug}/zarr.json"
 
 
 def _has_exclusive_create(fs: Any) -> bool:
