@@ -21,6 +21,7 @@ from .errors import (
     StoreFormatError,
     VersionMismatchError,
     WeightsIntegrityError,
+    WeightsNotSharedError,
 )
 from .handles import BatchHandle
 from .housekeeping import GarbageReport
@@ -54,6 +55,7 @@ __all__ = [
     "TransitionDataset",
     "VersionMismatchError",
     "WeightsIntegrityError",
+    "WeightsNotSharedError",
     # weights
     "WeightsSnapshot",
     "open_store",

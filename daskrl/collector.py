@@ -20,20 +20,37 @@ from .cluster import local_cluster
 from .config import CollectorConfig, Compression, check_mapping
 from .devices import DeviceSetting, check_device_setting
 from .envs import EnvLike, EnvSpec, check_env_vars
-from .errors import CollectorClosedError, ConfigError, DaskrlError, PolicyError, StoreError
+from .errors import (
+    CollectorClosedError,
+    ConfigError,
+    DaskrlError,
+    PolicyError,
+    StoreError,
+    WeightsNotSharedError,
+)
 from .handles import BatchHandle
 from .metrics import CollectionStats
 from .rollout import check_action, split_policy_output
 from .store import BATCH_IDS_PER_RUN, TrajectoryStore
 from .versions import acheck_versions, check_versions
-from .weights import PolicyLike, WeightsSnapshot, policy_spec, resolve_policy, snapshot
+from .weights import (
+    PolicyLike,
+    WeightsSnapshot,
+    policy_spec,
+    resolve_policy,
+    snapshot,
+    weights_layout,
+)
+from .weights_shm import SegmentPool
 from .worker import (
     IN_PROCESS_WEIGHTS,
     BatchTask,
     CollectorPlugin,
+    WeightsRef,
     collect_batch,
     preload_weights,
     probe_store,
+    weights_name,
 )
 
 __all__ = ["Collector"]
@@ -87,6 +104,11 @@ class Collector:
     client
         A ``distributed.Client``; ``None`` starts an embedded ``LocalCluster`` sized to this
         machine, closed with the collector.
+    shared_memory
+        Workers on the learner's machine read each weights version from one copy in shared
+        memory (checksummed; only a small manifest goes through Dask) instead of receiving it
+        over a socket. Workers elsewhere make the collector fall back to Dask transfers, as
+        does ``False``. (Always Dask transfers with an asynchronous client.)
 
     Examples
     --------
@@ -133,6 +155,7 @@ class Collector:
         max_env_restarts: int = 3,
         compression: Compression | str = Compression.ZSTD,
         max_policy_lag: int | None = None,
+        shared_memory: bool = True,
     ) -> None:
         self._closed = True  # until fully started, close() has nothing to do
         # 1. Everything that can be checked on the learner, before any worker spends time.
@@ -162,6 +185,8 @@ class Collector:
                 f"{lost_workers_timeout!r}."
             )
         self.lost_workers_timeout = float(lost_workers_timeout)
+        if not isinstance(shared_memory, bool):
+            raise ConfigError(f"shared_memory must be True or False, got {shared_memory!r}.")
         self._env_vars = check_env_vars(check_mapping("env_vars", env_vars))
         self.env_spec = EnvSpec(env, check_mapping("env_kwargs", env_kwargs), max_frames_per_traj)
         self.observation_space, self.action_space = self.env_spec.probe()
@@ -184,11 +209,13 @@ class Collector:
         self._id = uuid.uuid4().hex[:10]
         self._plugin_name = f"daskrl-{self._id}"
         self._closed = False
-        self._weights: dict[int, Future] = {}  # published versions still in use
+        self._weights: dict[int, Future] = {}  # versions in use published through Dask
         self._pending: dict[Future, BatchTask] = {}  # submitted, not yet handed over
+        # Weights versions in shared memory for workers on this machine (see weights_shm).
+        self._segments = SegmentPool(enabled=shared_memory and not self.client.asynchronous)
         self._finalizer = weakref.finalize(
             self, Collector._cleanup, self.client, self._own_cluster, self._plugin_name,
-            self._pending, self._weights,
+            self._pending, self._weights, self._segments,
         )
         self._ready = False  # plugin registered, first weights published
         self._module: torch.nn.Module | None = None
@@ -239,6 +266,7 @@ class Collector:
         self._version = -1
         self._snapshots: dict[int, WeightsSnapshot] = {}  # every published version
         self._spare: WeightsSnapshot | None = None  # arrays of a released version, to reuse
+        self._layout: tuple[Any, ...] | None = None  # names, dtypes and shapes of the weights
         self._placement: dict[Future, tuple[str, int]] = {}  # worker pinned to, attempt
         self._live: set[str] = set(workers)
         self._live_checked = time.monotonic()
@@ -294,19 +322,20 @@ class Collector:
                 f"update_weights expects a torch.nn.Module, got {type(policy).__name__}."
             )
         version = self._version + 1
-        snap = snapshot(policy, version, reuse=self._spare)
-        self._spare = None
-        if self._snapshots:
-            previous = self._snapshots[max(self._snapshots)]
-            if _layout(previous) != _layout(snap):
-                raise PolicyError(
-                    "update_weights got a policy whose parameters/buffers differ from the one "
-                    "the collector started with (names, dtypes or shapes changed). Make a new "
-                    "Collector for a new architecture."
-                )
+        layout = weights_layout(policy)
+        if self._layout is not None and layout != self._layout:
+            raise PolicyError(
+                "update_weights got a policy whose parameters/buffers differ from the one "
+                "the collector started with (names, dtypes or shapes changed). Make a new "
+                "Collector for a new architecture."
+            )
+        self._layout = layout
+        snap = self._take_snapshot(policy, version, layout)
         if self.client.asynchronous:
             return self._apublish(snap, wait)  # type: ignore[return-value]
-        self._weights[version] = self._publish(snap)
+        IN_PROCESS_WEIGHTS[self._weights_name(version)] = snap
+        if self._segments.manifest(version) is None:  # else tasks carry the manifest
+            self._weights[version] = self._publish(snap)
         self._snapshots[version] = snap
         self._version = version
         self._release_old_weights()
@@ -314,35 +343,67 @@ class Collector:
             self._preload(version)
         return version
 
-    def _preload(self, version: int) -> None:
-        name, key = self._weights_key()
-        workers = list(self.client.scheduler_info()["workers"])
+    def _take_snapshot(self, policy: torch.nn.Module, version: int,
+                       layout: tuple[Any, ...]) -> WeightsSnapshot:
+        """Copy the weights now: into a shared-memory segment when workers read them there,
+        else into the arrays of a released version (or new ones)."""
+        spare, self._spare = self._spare, None
+        shared = self._segments.write(policy, version, layout)
+        if shared is not None:
+            return shared[0]
+        return snapshot(policy, version, out=dict(zip(spare.names, spare.arrays)) if spare else None)
+
+    @property
+    def weights_transport(self) -> str:
+        """How weights reach workers now: ``"shared-memory"`` (workers on this machine read
+        one copy in place) or ``"dask"`` (each worker receives a copy over the network)."""
+        return "dask" if self._version in self._weights else "shared-memory"
+
+    def _preload(self, version: int, retry: bool = False) -> None:
+        weights = self._weights_ref(version)
+        suffix = "-r" if retry else ""
         futures = [
-            self.client.submit(preload_weights, self._plugin_name, version, name, key,
-                               key=f"daskrl-preload-{self._id}-{version}-{w}", workers=[w],
-                               pure=False)
-            for w in workers
+            self.client.submit(preload_weights, self._plugin_name, version, weights,
+                               key=f"daskrl-preload-{self._id}-{version}-{w}{suffix}",
+                               workers=[w], pure=False)
+            for w in self._live_workers(refresh=True)
         ]
-        self.client.gather(futures)
+        try:
+            self.client.gather(futures)
+        except WeightsNotSharedError as e:
+            if retry:
+                raise
+            self._stop_sharing_weights(e)
+            self._preload(version, retry=True)
+
+    def _stop_sharing_weights(self, reason: BaseException) -> None:
+        """A worker cannot read the shared-memory weights: send every version through Dask."""
+        self._segments.enabled = False
+        unpublished = [v for v in self._snapshots if v not in self._weights]
+        if unpublished:
+            logger.warning("weights now go to workers through Dask: %s", reason)
+        for version in unpublished:
+            self._weights[version] = self._publish(self._snapshots[version])
 
     def _weights_name(self, version: int) -> str:
-        return _weights_name(self._plugin_name, version)
+        return weights_name(self._plugin_name, version)
 
     def _publish(self, snap: WeightsSnapshot) -> Future:
         # A list, so scatter makes one future of the whole snapshot. Broadcast: every worker
         # gets its copy now, to load from its own memory; published under a name so that a
         # worker without a copy (a replacement, or after the active memory manager dropped
         # extra replicas) fetches it when its cached version differs.
-        name = self._weights_name(snap.version)
-        IN_PROCESS_WEIGHTS[name] = snap
         [future] = self.client.scatter([snap], hash=False, broadcast=True)
-        self.client.publish_dataset(future, name=name, override=True)
+        self.client.publish_dataset(future, name=self._weights_name(snap.version), override=True)
         return future
 
     def _unpublish(self, version: int) -> None:
-        fut = self._weights.pop(version)
+        fut = self._weights.pop(version, None)
         self._spare = self._snapshots.pop(version, None)
+        self._segments.release(version)
         IN_PROCESS_WEIGHTS.pop(self._weights_name(version), None)
+        if fut is None:
+            return
         try:
             self.client.unpublish_dataset(self._weights_name(version))
         except KeyError:
@@ -356,14 +417,19 @@ class Collector:
 
     def _release_old_weights(self) -> None:
         in_use = {t.weights_version for t in self._pending.values()} | {self._version}
-        for v in [v for v in self._weights if v not in in_use]:
+        for v in [v for v in self._snapshots if v not in in_use]:
             self._unpublish(v)
 
-    def _weights_key(self) -> tuple[str, str]:
-        """``(published name, data key)`` of the newest version, scattered again if lost."""
+    def _weights_ref(self, version: int | None = None) -> WeightsRef:
+        """How a task finds ``version`` (default: the newest): the manifest of its
+        shared-memory copy, or the data key it was scattered under (again, if lost)."""
+        version = self._version if version is None else version
+        if version not in self._weights:
+            manifest = self._segments.manifest(version)
+            assert manifest is not None
+            return manifest
         self._republish_lost_weights()
-        fut = self._weights[self._version]
-        return self._weights_name(self._version), str(fut.key)
+        return str(self._weights[version].key)
 
     # -- scheduling ----------------------------------------------------------------------------
     def _submit_next(self, stream: int | None = None) -> Future | None:
@@ -389,7 +455,7 @@ class Collector:
             steps=steps,
             random_steps=self.config.random_steps(self._frames_submitted, steps),
             weights_version=self._version,
-            weights=self._weights_key(),
+            weights=self._weights_ref(),
         )
         self._next_index += 1
         self._stream_last[stream] = batch_id
@@ -563,10 +629,19 @@ class Collector:
                 raise RuntimeError("daskrl internal error: waiting with no batch in flight")
             if ac.has_ready():
                 fut, result = next(ac)
-                self._placement.pop(fut, None)
+                _, attempt = self._placement.pop(fut, (None, 0))
                 if fut not in self._pending:  # a replaced attempt
                     continue
                 if fut.status != "finished":
+                    error = fut.exception()
+                    if isinstance(error, WeightsNotSharedError) and attempt < 3:
+                        # A worker off this machine: weights go through Dask, batch again.
+                        self._stop_sharing_weights(error)
+                        task = self._pending.pop(fut)
+                        task = dataclasses.replace(
+                            task, weights=self._weights_ref(task.weights_version))
+                        ac.add(self._dispatch(task, attempt + 1))
+                        continue
                     fut.result()  # raises the worker's error, with its traceback
                 return fut, result  # still pending until handed over
             live = self._live_workers(refresh=True)
@@ -668,15 +743,17 @@ class Collector:
             return
         self._closed = True
         if self.client.status == "running":
-            for v in list(self._weights):
+            for v in list(getattr(self, "_snapshots", self._weights)):
                 self._unpublish(v)
         getattr(self, "_placement", {}).clear()
-        self._finalizer()
+        self._finalizer()  # removes the shared-memory segments too
 
     @staticmethod
     def _cleanup(client: Client, cluster: LocalCluster | None, plugin_name: str,
-                 pending: dict[Future, Any], weights: dict[int, Future]) -> None:
+                 pending: dict[Future, Any], weights: dict[int, Future],
+                 segments: SegmentPool) -> None:
         """Release what a collector holds on the cluster (also run if it is garbage-collected)."""
+        segments.close()
         if client.asynchronous:  # nothing can be awaited here; aclose() does the cleanup
             return
         try:
@@ -685,7 +762,7 @@ class Collector:
                     client.cancel(list(pending))
                     pending.clear()
                 for version in list(weights):
-                    name = _weights_name(plugin_name, version)
+                    name = weights_name(plugin_name, version)
                     IN_PROCESS_WEIGHTS.pop(name, None)
                     try:
                         client.unpublish_dataset(name)
@@ -750,7 +827,7 @@ class Collector:
         if wait:
             info = await self.client.scheduler.identity(n_workers=-1)
             await self.client.gather([
-                self.client.submit(preload_weights, self._plugin_name, snap.version, name,
+                self.client.submit(preload_weights, self._plugin_name, snap.version,
                                    str(future.key), workers=[w], pure=False,
                                    key=f"daskrl-preload-{self._id}-{snap.version}-{w}")
                 for w in info["workers"]
@@ -773,8 +850,9 @@ class Collector:
             self._store.clear_probes(self.run)
 
     async def _aunpublish(self, version: int) -> None:
-        fut = self._weights.pop(version)
+        fut = self._weights.pop(version)  # with an asynchronous client, all go through Dask
         self._spare = self._snapshots.pop(version, None)
+        self._segments.release(version)
         IN_PROCESS_WEIGHTS.pop(self._weights_name(version), None)
         try:
             await self.client.unpublish_dataset(self._weights_name(version))
@@ -842,15 +920,6 @@ class Collector:
             handle = self._hand_over(task, result)
             if handle is not None:
                 yield handle
-
-
-def _weights_name(plugin_name: str, version: int) -> str:
-    """Name under which a weights version is published (workers fetch it by this name)."""
-    return f"{plugin_name}-weights-v{version}"
-
-
-def _layout(snap: WeightsSnapshot) -> tuple[Any, ...]:
-    return snap.names, snap.dtypes, tuple(a.shape for a in snap.arrays)
 
 
 def _with_lag(handle: BatchHandle, lag: int) -> BatchHandle:

@@ -46,6 +46,12 @@ class WeightsIntegrityError(DaskrlError, RuntimeError):
     """Weights received by a worker do not match the checksum the learner sent."""
 
 
+class WeightsNotSharedError(DaskrlError, RuntimeError):
+    """A worker cannot read the learner's shared-memory copy of the weights (it runs on another
+    machine, as another user, or in another container); the collector then sends weights
+    through Dask instead."""
+
+
 class StoreError(DaskrlError, OSError):
     """The trajectory store cannot be created, written or read."""
 

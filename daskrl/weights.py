@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickletools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import google_crc32c
@@ -40,13 +40,52 @@ def _dtype_from_name(name: str) -> torch.dtype:
 
 
 def _crc(arr: np.ndarray) -> int:
-    view = arr.reshape(-1).view(np.uint8)  # a view: no copy of the weights
-    view.flags.writeable = False  # google_crc32c takes read-only buffers only
-    return int(google_crc32c.value(view))
+    return int(google_crc32c.value(readonly_bytes(arr)))
 
 
-def _tensor_to_numpy(name: str, t: torch.Tensor, out: np.ndarray | None = None) -> np.ndarray:
-    """A contiguous CPU numpy copy of ``t`` that shares no memory with it.
+def readonly_bytes(arr: np.ndarray) -> np.ndarray:
+    """A read-only flat ``uint8`` view of a contiguous array (google_crc32c takes read-only
+    buffers only); no copy."""
+    view = arr.reshape(-1).view(np.uint8)
+    view.flags.writeable = False
+    return view
+
+
+CRC_BLOCK = 1 << 20
+"""Bytes copied, then checksummed while still in the CPU cache (one pass over memory)."""
+
+
+def copy_with_crc(dst: np.ndarray, src: np.ndarray) -> int:
+    """Copy the bytes of contiguous ``src`` into ``dst`` block by block and return the CRC32C
+    of what landed in ``dst`` (each block is read back while it is cached)."""
+    d = dst.reshape(-1).view(np.uint8)
+    s = src.reshape(-1).view(np.uint8)
+    check = readonly_bytes(dst)
+    crc = 0
+    for i in range(0, d.size, CRC_BLOCK):
+        np.copyto(d[i:i + CRC_BLOCK], s[i:i + CRC_BLOCK])
+        crc = google_crc32c.extend(crc, check[i:i + CRC_BLOCK])
+    return int(crc)
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype a tensor of ``dtype`` is stored as (same-width integers for dtypes
+    numpy lacks, such as ``bfloat16``)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        return torch.empty(0, dtype=_INT_OF_WIDTH[dtype.itemsize]).numpy().dtype
+
+
+def weights_layout(module: torch.nn.Module) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """``(name, torch dtype, shape)`` of every tensor a snapshot of ``module`` holds, in order."""
+    tensors, _ = _named_tensors(module)
+    return tuple((n, str(t.dtype), tuple(t.shape)) for n, t in tensors.items())
+
+
+def _tensor_to_numpy(name: str, t: torch.Tensor,
+                     out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """A contiguous CPU numpy copy of ``t`` that shares no memory with it, and its CRC32C.
 
     ``out``, when given and of the right size and dtype, receives the copy (no new memory:
     fresh 100 MB allocations cost more in page faults than the copy itself).
@@ -59,21 +98,26 @@ def _tensor_to_numpy(name: str, t: torch.Tensor, out: np.ndarray | None = None) 
     if t.device.type == "meta":
         raise PolicyError(f"tensor {name!r} is on the 'meta' device and holds no data.")
     t = t.detach().resolve_conj().resolve_neg()
-    if out is not None:
+    if out is not None and out.shape == tuple(t.shape) and out.dtype == numpy_dtype(t.dtype):
+        if t.device.type == "cpu" and t.is_contiguous():
+            return out, copy_with_crc(out, _as_numpy(t))
         dst = torch.from_numpy(out)
-        if dst.dtype != t.dtype:
-            dst = dst.view(t.dtype)
-        if dst.shape == t.shape:
-            dst.copy_(t)
-            return out
+        (dst.view(t.dtype) if dst.dtype != t.dtype else dst).copy_(t)
+        return out, _crc(out)
     if t.device.type == "cpu":
         c = t.clone(memory_format=torch.contiguous_format)
     else:
         c = t.to("cpu", copy=True).contiguous()
+    arr = _as_numpy(c)
+    return arr, _crc(arr)
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    """``t`` (on the CPU) as a numpy array sharing its memory."""
     try:
-        return c.numpy()
+        return t.numpy()
     except TypeError:  # bfloat16, float8, ...: no numpy dtype of their own
-        return c.view(_INT_OF_WIDTH[c.element_size()]).numpy()
+        return t.view(_INT_OF_WIDTH[t.element_size()]).numpy()
 
 
 def _named_tensors(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -135,24 +179,23 @@ class WeightsSnapshot:
 
 
 def snapshot(module: torch.nn.Module, version: int,
-             reuse: WeightsSnapshot | None = None) -> WeightsSnapshot:
+             out: Mapping[str, np.ndarray] | None = None) -> WeightsSnapshot:
     """Copy ``module``'s parameters and buffers into a new :class:`WeightsSnapshot`.
 
-    The copy is taken now: later in-place changes to the module do not reach it. ``reuse``
-    lends the arrays of a snapshot nobody reads any more (overwritten, not reallocated).
+    The copy is taken now: later in-place changes to the module do not reach it. ``out`` lends
+    arrays by tensor name (those of a snapshot nobody reads any more, or of a shared-memory
+    segment): a tensor whose array matches its shape and dtype is copied into it, not into
+    new memory.
     """
     tensors, _ = _named_tensors(module)
-    spare = {}
-    if reuse is not None:
-        spare = {n: a for n, d, a in zip(reuse.names, reuse.dtypes, reuse.arrays)
-                 if d == str(tensors[n].dtype)} if set(reuse.names) <= set(tensors) else {}
+    spare = out or {}
     names, dtypes, arrays, sums = [], [], [], []
     for name, t in tensors.items():
-        arr = _tensor_to_numpy(name, t, spare.get(name))
+        arr, crc = _tensor_to_numpy(name, t, spare.get(name))
         names.append(name)
         dtypes.append(str(t.dtype))
         arrays.append(arr)
-        sums.append(_crc(arr))
+        sums.append(crc)
     return WeightsSnapshot(version, tuple(names), tuple(dtypes), tuple(arrays), tuple(sums))
 
 

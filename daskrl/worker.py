@@ -21,11 +21,12 @@ from distributed import Future, WorkerPlugin, get_client, get_worker
 from .config import CollectorConfig
 from .devices import DeviceSetting, resolve_device
 from .envs import EnvSpec, apply_env_vars
-from .errors import BatchTimeoutError, DaskrlError, EnvError, StoreError
+from .errors import BatchTimeoutError, DaskrlError, EnvError, StoreError, WeightsNotSharedError
 from .handles import BatchHandle
 from .rollout import EnvSet
 from .store import TrajectoryStore
 from .weights import PolicySpec, WeightsSnapshot, load_weights
+from .weights_shm import SharedWeights, SharedWeightsReader
 
 __all__ = ["BatchTask", "CollectorPlugin", "collect_batch"]
 
@@ -39,6 +40,16 @@ they read the learner's snapshot in place. (Futures of in-process clusters are n
 so a worker's client cannot resolve the published one.)"""
 
 
+WeightsRef = str | SharedWeights
+"""How a task finds its weights version: the data key it was scattered under, or the manifest
+of its copy in the learner's shared memory."""
+
+
+def weights_name(plugin_name: str, version: int) -> str:
+    """Name under which a weights version is published (workers fetch it by this name)."""
+    return f"{plugin_name}-weights-v{version}"
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchTask:
     """What one collection task does; small, sent with every task."""
@@ -50,8 +61,8 @@ class BatchTask:
     steps: int
     random_steps: int
     weights_version: int
-    weights: tuple[str, str]
-    """``(published name, data key)`` of the weights version."""
+    weights: WeightsRef
+    """Where the weights version is (see :data:`WeightsRef`)."""
 
 
 class CollectorPlugin(WorkerPlugin):
@@ -82,16 +93,17 @@ class CollectorPlugin(WorkerPlugin):
     def _reset_state(self) -> None:
         self.device: torch.device | None = None
         self.policy: torch.nn.Module | None = None
-        self.version = -1
+        self.version: int | None = -1
         self.weight_loads = 0  # fetches of a new version: one per version on this worker
         self.envsets: dict[int, EnvSet] = {}
         self.store: TrajectoryStore | None = None
+        self.shared = SharedWeightsReader()  # mappings of the learner's shared-memory weights
         self.worker_name = "?"
         self.worker_address = "?"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_lock", "policy", "envsets", "store", "device"):
+        for k in ("_lock", "policy", "envsets", "store", "device", "shared"):
             state.pop(k, None)
         return state
 
@@ -99,6 +111,7 @@ class CollectorPlugin(WorkerPlugin):
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self.policy, self.envsets, self.store, self.device = None, {}, None, None
+        self.shared = SharedWeightsReader()
 
     def setup(self, worker: Any) -> None:
         apply_env_vars(self.env_vars)
@@ -111,24 +124,38 @@ class CollectorPlugin(WorkerPlugin):
                 envset.close()
             except Exception:  # closing is best effort; the worker keeps running
                 logger.warning("env close failed on %s", self.worker_address, exc_info=True)
+        self.shared.close()
         self._reset_state()
 
     # -- state used by tasks -----------------------------------------------------------------
-    def ready_policy(self, version: int, name: str, key: str) -> torch.nn.Module:
+    def ready_policy(self, version: int, weights: WeightsRef) -> torch.nn.Module:
         """The policy with weights ``version`` on this worker's device (loaded on change).
 
-        The weights come from this worker's own memory when the broadcast put a copy here,
-        else from the published dataset ``name``.
+        The weights come from the learner's shared memory (``weights`` is its manifest), from
+        this worker's own memory when the broadcast put a copy here, or else from the dataset
+        the learner published for the version.
         """
         if self.device is None:
             self.device = resolve_device(self.device_setting, self.worker_name, self.worker_address)
         if self.policy is None:
             self.policy = self.policy_spec.build(self.device)
         if self.version != version:
-            weights = IN_PROCESS_WEIGHTS.get(name) or _local_data(key)
-            if weights is None:
-                weights = self._fetch_weights(version, name)
-            load_weights(self.policy, weights)
+            name = weights_name(self.name, version)
+            self.version = None  # a failed load may leave a mix: no version is loaded
+            in_process = IN_PROCESS_WEIGHTS.get(name)
+            if in_process is not None:
+                load_weights(self.policy, in_process)
+            elif isinstance(weights, SharedWeights):
+                try:
+                    self.shared.load(self.policy, weights, f"worker {self.worker_address}")
+                except WeightsNotSharedError:
+                    # The learner switches to Dask transfers when it hears of this.
+                    published = get_client().get_dataset(name, default=None)
+                    if published is None:
+                        raise
+                    load_weights(self.policy, published.result(timeout=WEIGHTS_FETCH_TIMEOUT))
+            else:
+                load_weights(self.policy, _local_data(weights) or self._fetch_weights(version, name))
             self.version = version
             self.weight_loads += 1
         return self.policy
@@ -198,11 +225,11 @@ def _local_data(key: str) -> WeightsSnapshot | None:
         return None
 
 
-def preload_weights(plugin_name: str, version: int, name: str, key: str) -> str:
+def preload_weights(plugin_name: str, version: int, weights: WeightsRef) -> str:
     """Fetch, verify and load weights ``version`` on this worker now; return its device."""
     plugin: CollectorPlugin = get_worker().plugins[plugin_name]
     with plugin._lock:
-        plugin.ready_policy(version, name, key)
+        plugin.ready_policy(version, weights)
     return str(plugin.device)
 
 
@@ -247,7 +274,7 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle | None:
     plugin: CollectorPlugin = worker.plugins[plugin_name]
     cfg = plugin.config
     with plugin._lock:
-        policy = plugin.ready_policy(task.weights_version, *task.weights)
+        policy = plugin.ready_policy(task.weights_version, task.weights)
         restarts = 0
         while True:
             torch.manual_seed(_seed_for(cfg.seed, task.batch_id))

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import glob
 import logging
+import os
 
 import gymnasium as gym
 import pytest
 from distributed import Client, LocalCluster
 
 from daskrl.policies import MLPPolicy
+from daskrl.weights_shm import shared_memory_dir
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,8 +34,9 @@ def cluster():
 def client(cluster):
     with Client(cluster, set_as_default=False) as client:
         yield client
-        # Each test leaves the shared cluster as it found it.
+        # Each test leaves the shared cluster as it found it, and no weights in shared memory.
         assert not client.list_datasets(), client.list_datasets()
+        assert not glob.glob(os.path.join(shared_memory_dir(), f"daskrl-weights-{os.getpid()}-*"))
 
 
 @pytest.fixture

@@ -112,24 +112,43 @@ def _pickle_names(obj: object) -> set[str]:
     return {arg for _, arg, _ in pickletools.genops(io.BytesIO(data)) if isinstance(arg, str)}
 
 
-def test_what_travels_holds_no_tensor_data(client, tmp_path):
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["dask", "shared-memory"])
+def test_what_travels_holds_no_tensor_data(client, tmp_path, shared_memory):
     policy = AwkwardPolicy()
     with daskrl.Collector("CartPole-v1", policy, str(tmp_path / "s"), client=client,
-                          envs_per_worker=2, frames_per_batch=16, total_frames=32) as collector:
-        # The weights as scattered: read back from the worker that holds them.
+                          envs_per_worker=2, frames_per_batch=16, total_frames=32,
+                          shared_memory=shared_memory) as collector:
+        assert collector.weights_transport == ("shared-memory" if shared_memory else "dask")
         name = collector._weights_name(collector.weights_version)
-        key = client.get_dataset(name).key
-        held = client.run(lambda dask_worker: (
-            type(dask_worker.data[key]).__name__,
-            [type(a).__module__ + "." + type(a).__name__ for a in dask_worker.data[key].arrays],
-            pickle.dumps(dask_worker.data[key], protocol=5),
-        ) if key in dask_worker.data else None)
-        copies = [v for v in held.values() if v is not None]
-        assert copies  # broadcast: each worker may hold its own copy
-        for kind, array_types, data in copies:
-            assert kind == "WeightsSnapshot" and set(array_types) == {"numpy.ndarray"}
+        if shared_memory:
+            # Tasks carry a manifest (names, offsets, checksums): no array, no tensor data;
+            # nothing is scattered, and no worker holds weights in its Dask memory.
+            manifest = collector._weights_ref()
+            data = pickle.dumps(manifest, protocol=5)
             names = {a for _, a, _ in pickletools.genops(io.BytesIO(data)) if isinstance(a, str)}
-            assert not [n for n in names if "torch" in n and n not in snapshot(policy, 0).dtypes]
+            assert type(manifest).__name__ == "SharedWeights" and len(data) < 4096
+            assert not [n for n in names
+                        if "numpy" in n or ("torch" in n and n not in manifest.dtypes)], names
+            assert client.get_dataset(name, default=None) is None
+            held = client.run(lambda dask_worker: [type(v).__name__
+                                                   for v in dask_worker.data.values()])
+            assert not [t for ts in held.values() for t in ts if "Weights" in t], held
+        else:
+            # The weights as scattered: read back from the worker that holds them.
+            key = client.get_dataset(name).key
+            held = client.run(lambda dask_worker: (
+                type(dask_worker.data[key]).__name__,
+                [type(a).__module__ + "." + type(a).__name__ for a in dask_worker.data[key].arrays],
+                pickle.dumps(dask_worker.data[key], protocol=5),
+            ) if key in dask_worker.data else None)
+            copies = [v for v in held.values() if v is not None]
+            assert copies  # broadcast: each worker may hold its own copy
+            for kind, array_types, data in copies:
+                assert kind == "WeightsSnapshot" and set(array_types) == {"numpy.ndarray"}
+                names = {a for _, a, _ in pickletools.genops(io.BytesIO(data))
+                         if isinstance(a, str)}
+                assert not [n for n in names
+                            if "torch" in n and n not in snapshot(policy, 0).dtypes]
         # The structure, shipped once in the worker plugin: meta tensors only, no storage.
         plugin_names = _pickle_names(collector._policy_spec)
         assert "_rebuild_meta_tensor_no_storage" in plugin_names

@@ -71,7 +71,7 @@ def test_weights_lost_with_their_worker_are_scattered_again(own_cluster, tmp_pat
     policy = TagPolicy()
     with daskrl.Collector("daskrl.testing:Counting-v0", policy, str(tmp_path / "s"),
                           client=client, envs_per_worker=2, frames_per_batch=10,
-                          total_frames=None, sync=True) as collector:
+                          total_frames=None, sync=True, shared_memory=False) as collector:
         it = iter(collector)
         next(it)
         collector.update_weights(policy)

@@ -1,0 +1,382 @@
+"""Same-host weights: one shared-memory copy of each version, read in place by local workers.
+
+Sending a version through Dask costs every worker a serialization, a socket transfer (TLS
+included) and a checksum pass over the whole state: 10-25x a ``memcpy`` for a 100 MB policy
+(``benchmarks/bench_weights.py``).  Workers on the learner's machine need none of it: the
+learner takes its snapshot straight into a file in shared memory (``/dev/shm``; the temp
+directory where there is none), and each worker copies every tensor from its mapping of that
+file into its policy, computing the CRC32C of what it copied on the way.  Only a small
+:class:`SharedWeights` manifest (names, dtypes, shapes, offsets, checksums, the file's path and a
+random nonce) travels through Dask.
+
+A worker that cannot open the file, or finds another nonce in it (it runs on another machine,
+as another user or in another container), raises :class:`~daskrl.WeightsNotSharedError`, and
+the collector sends weights through Dask from then on.
+
+Segments are reused across versions, since a fresh 100 MB mapping costs more in page faults
+than the copy.  The learner reuses a segment only once no batch needs its version; the header's
+version is -1 while it is rewritten, so a worker that raced a rewrite reports the weights as
+not shared rather than loading a mix (and a checksum mismatch is an integrity error only when
+the segment did not change under the read).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import mmap
+import os
+import re
+import secrets
+import socket
+import struct
+import tempfile
+import warnings
+from collections.abc import Sequence
+
+import google_crc32c
+import numpy as np
+import torch
+
+from .errors import PolicyError, WeightsIntegrityError, WeightsNotSharedError
+from .weights import (
+    WeightsSnapshot,
+    _as_numpy,
+    _dtype_from_name,
+    _get_tensor,
+    copy_with_crc,
+    numpy_dtype,
+    snapshot,
+)
+
+__all__ = ["Segment", "SegmentPool", "SharedWeights", "SharedWeightsReader", "shared_memory_dir"]
+
+logger = logging.getLogger(__name__)
+
+_MAGIC = b"DASKRLW1"
+_HEADER = struct.Struct("<8s16sq")  # magic, nonce, version (-1 while being written)
+_DATA_START = 64
+_ALIGN = 64
+_PREFIX = "daskrl-weights-"
+_NAME = re.compile(rf"{_PREFIX}(\d+)-[0-9a-f]+$")
+
+Layout = Sequence[tuple[str, str, tuple[int, ...]]]
+"""``(name, torch dtype, shape)`` per tensor, as :func:`daskrl.weights.weights_layout` gives."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedWeights:
+    """What travels through Dask for a version held in shared memory: where each tensor is."""
+
+    version: int
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    checksums: tuple[int, ...]
+    """CRC32C of each tensor's bytes, computed by the learner as it took the snapshot."""
+    path: str
+    nonce: bytes
+    """Random bytes at the head of the file: a same-named file elsewhere does not have them."""
+    host: str
+    """The learner's host name (for messages)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weight data in this version."""
+        return sum(_nbytes(d, s) for d, s in zip(self.dtypes, self.shapes))
+
+
+def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * _dtype_from_name(dtype).itemsize
+
+
+def shared_memory_dir() -> str:
+    """Where segments are created: ``/dev/shm`` (memory) if writable, else the temp dir."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def _sweep_stale(directory: str) -> None:
+    """Remove segments left by learners of this machine that died without closing them."""
+    if os.name != "posix":
+        return
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        m = _NAME.match(name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:  # its learner is gone
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+        except OSError:  # alive (as another user)
+            pass
+
+
+class Segment:
+    """The learner's side: one file in shared memory holding the arrays of a version."""
+
+    def __init__(self, layout: Layout, directory: str | None = None) -> None:
+        self.layout = tuple((n, d, tuple(s)) for n, d, s in layout)
+        offsets, end = [], _DATA_START
+        for _, dtype, shape in self.layout:
+            offsets.append(end)
+            end += -(-_nbytes(dtype, shape) // _ALIGN) * _ALIGN
+        self.offsets = tuple(offsets)
+        directory = directory or shared_memory_dir()
+        _sweep_stale(directory)
+        self.path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o600)
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, end)  # no space fails now, not as a SIGBUS later
+            else:
+                os.ftruncate(fd, end)
+            self._mm: mmap.mmap | None = mmap.mmap(fd, end)
+        except BaseException:
+            os.unlink(self.path)
+            raise
+        finally:
+            os.close(fd)
+        self.nonce = secrets.token_bytes(16)
+        _HEADER.pack_into(self._mm, 0, _MAGIC, self.nonce, -1)
+        self.arrays = {
+            name: np.frombuffer(self._mm, numpy_dtype(_dtype_from_name(dtype)),
+                                int(np.prod(shape, dtype=np.int64)), off).reshape(shape)
+            for (name, dtype, shape), off in zip(self.layout, self.offsets)
+        }
+
+    @classmethod
+    def create(cls, layout: Layout, directory: str | None = None) -> Segment | None:
+        """A new segment, or None (logged) where shared memory cannot hold it."""
+        try:
+            return cls(layout, directory)
+        except OSError as e:
+            logger.info("weights go through Dask: no shared-memory segment (%s)", e)
+            return None
+
+    def begin(self) -> None:
+        """Mark the segment as being rewritten (readers racing the rewrite see it)."""
+        assert self._mm is not None
+        _HEADER.pack_into(self._mm, 0, _MAGIC, self.nonce, -1)
+
+    def finish(self, snap: WeightsSnapshot) -> SharedWeights:
+        """Mark ``snap`` (taken into :attr:`arrays`) as the segment's content; its manifest."""
+        assert self._mm is not None
+        layout = tuple((n, d, tuple(a.shape)) for n, d, a in zip(snap.names, snap.dtypes,
+                                                                 snap.arrays))
+        if layout != self.layout or not all(
+            a is self.arrays[n] or np.shares_memory(a, self.arrays[n])
+            for n, a in zip(snap.names, snap.arrays)
+        ):
+            raise RuntimeError("daskrl internal error: the snapshot is not in its segment")
+        _HEADER.pack_into(self._mm, 0, _MAGIC, self.nonce, snap.version)
+        return SharedWeights(
+            version=snap.version,
+            names=snap.names,
+            dtypes=snap.dtypes,
+            shapes=tuple(tuple(a.shape) for a in snap.arrays),
+            offsets=self.offsets,
+            checksums=snap.checksums,
+            path=self.path,
+            nonce=self.nonce,
+            host=socket.gethostname(),
+        )
+
+    def close(self) -> None:
+        """Remove the file (workers' mappings stay valid until they drop them)."""
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        mm, self._mm = self._mm, None
+        self.arrays = {}
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # a snapshot still views it; freed with that snapshot
+                pass
+
+
+class SegmentPool:
+    """The learner's segments: one per published version, and one spare to reuse."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        """Whether new versions go to shared memory (off once a worker could not read one)."""
+        self._versions: dict[int, tuple[Segment, SharedWeights]] = {}
+        self._spare: Segment | None = None
+
+    def write(self, module: torch.nn.Module, version: int,
+              layout: Layout) -> tuple[WeightsSnapshot, SharedWeights] | None:
+        """Snapshot ``module`` into a segment; None (take a plain snapshot) when disabled or
+        when shared memory cannot hold it (sharing is then disabled)."""
+        if not self.enabled:
+            return None
+        segment, self._spare = self._spare, None
+        if segment is None or segment.layout != tuple(layout):
+            if segment is not None:
+                segment.close()
+            segment = Segment.create(layout)
+            if segment is None:
+                self.enabled = False
+                return None
+        segment.begin()
+        try:
+            snap = snapshot(module, version, out=segment.arrays)
+            manifest = segment.finish(snap)
+        except BaseException:
+            segment.close()
+            raise
+        self._versions[version] = (segment, manifest)
+        return snap, manifest
+
+    def manifest(self, version: int) -> SharedWeights | None:
+        """The manifest of ``version`` if it is in shared memory."""
+        entry = self._versions.get(version)
+        return entry[1] if entry else None
+
+    def release(self, version: int) -> None:
+        """Nobody needs ``version`` any more: keep its segment as the spare, or remove it."""
+        entry = self._versions.pop(version, None)
+        if entry is None:
+            return
+        if self._spare is None:
+            self._spare = entry[0]
+        else:
+            entry[0].close()
+
+    def close(self) -> None:
+        """Remove every segment."""
+        for segment, _ in self._versions.values():
+            segment.close()
+        self._versions.clear()
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
+
+
+class SharedWeightsReader:
+    """A worker's side: mappings of the learner's segments, kept open across versions (a
+    reused segment is then not faulted in again)."""
+
+    def __init__(self, max_open: int = 4) -> None:
+        self.max_open = max_open
+        self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
+
+    def _map(self, w: SharedWeights, where: str) -> mmap.mmap:
+        mm = self._maps.get(w.path)
+        if mm is not None and _HEADER.unpack_from(mm, 0)[1] == w.nonce:
+            self._maps.move_to_end(w.path)
+            return mm
+        self._drop(w.path)
+        try:
+            fd = os.open(w.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except OSError as e:
+            raise WeightsNotSharedError(
+                f"{where} cannot open the learner's shared-memory weights {w.path!r} "
+                f"(learner on {w.host!r}): {e}"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            need = w.offsets[-1] + _nbytes(w.dtypes[-1], w.shapes[-1]) if w.names else 0
+            if size < max(need, _HEADER.size):
+                raise WeightsNotSharedError(
+                    f"{where}: {w.path!r} is not the learner's weights (learner on {w.host!r})"
+                )
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        magic, nonce, _ = _HEADER.unpack_from(mm, 0)
+        if magic != _MAGIC or nonce != w.nonce:
+            mm.close()
+            raise WeightsNotSharedError(
+                f"{where}: {w.path!r} here is another file than the learner's on {w.host!r} "
+                "(another machine or container)"
+            )
+        self._maps[w.path] = mm
+        while len(self._maps) > self.max_open:
+            self._drop(next(iter(self._maps)))
+        return mm
+
+    def _drop(self, path: str) -> None:
+        mm = self._maps.pop(path, None)
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+
+    def load(self, module: torch.nn.Module, w: SharedWeights, where: str = "worker") -> None:
+        """Copy version ``w`` into ``module`` in place, verifying each tensor's checksum.
+
+        Raises :class:`~daskrl.WeightsNotSharedError` if the segment cannot be read here or
+        changed under the read (the module may then hold a mix: load another version before
+        using it), :class:`~daskrl.WeightsIntegrityError` if bytes differ from the learner's.
+        """
+        mm = self._map(w, where)
+
+        def changed() -> bool:
+            return _HEADER.unpack_from(mm, 0)[2] != w.version
+
+        if changed():
+            raise WeightsNotSharedError(
+                f"{where}: weights version {w.version} was replaced in shared memory before "
+                "it could be read"
+            )
+        with torch.no_grad():
+            for name, dtype, shape, off, expected in zip(w.names, w.dtypes, w.shapes, w.offsets,
+                                                         w.checksums):
+                dst = _get_tensor(module, name)
+                td = _dtype_from_name(dtype)
+                if tuple(dst.shape) != shape or dst.dtype != td:
+                    raise PolicyError(
+                        f"weights version {w.version}: tensor {name!r} is {shape} {td}, but "
+                        f"the worker's policy has {tuple(dst.shape)} {dst.dtype}. The policy's "
+                        "structure changed after the collector started; make a new Collector "
+                        "for a new architecture."
+                    )
+                if dst.numel() == 0:
+                    continue
+                src = np.frombuffer(mm, np.uint8, _nbytes(dtype, shape), off)
+                if dst.device.type == "cpu" and dst.is_contiguous():
+                    got = copy_with_crc(_as_numpy(dst.detach()), src)
+                else:
+                    got = int(google_crc32c.value(src))
+                    with warnings.catch_warnings():  # read-only source: only read from
+                        warnings.simplefilter("ignore", UserWarning)
+                        host = torch.frombuffer(mm, dtype=td, count=int(np.prod(shape)),
+                                                offset=off)
+                    dst.copy_(host.view(shape))
+                if got != expected:
+                    if changed():
+                        raise WeightsNotSharedError(
+                            f"{where}: weights version {w.version} was replaced in shared "
+                            "memory while it was read"
+                        )
+                    raise WeightsIntegrityError(
+                        f"weights version {w.version}: tensor {name!r} read from shared memory "
+                        f"has checksum {got:#010x}, the learner computed {expected:#010x}. "
+                        "Something other than daskrl wrote to "
+                        f"{w.path!r}; call update_weights() again."
+                    )
+        if changed():
+            raise WeightsNotSharedError(
+                f"{where}: weights version {w.version} was replaced in shared memory while it "
+                "was read"
+            )
+
+    def close(self) -> None:
+        """Drop every mapping."""
+        for path in list(self._maps):
+            self._drop(path)
