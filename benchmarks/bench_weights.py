@@ -2,7 +2,10 @@
 
 A policy of ``--params`` float32 parameters (default 25M, ~100 MB) is published with
 ``Collector.update_weights(policy, wait=True)``, which returns once every worker has fetched,
-checksum-verified and loaded it onto its device. In the same run, for the same bytes:
+checksum-verified and loaded it onto its device: through shared memory (the default for
+workers on the learner's machine) and, with ``shared_memory=False``, as a Dask transfer (what
+workers on other machines get), each on the embedded cluster with and without TLS. In the same
+run, for the same bytes:
 
 * copy floor: one ``memcpy`` of the state per worker (``numpy.copyto`` into a preallocated
   buffer): what any broadcast must at least do;
@@ -74,27 +77,34 @@ def main() -> None:
 
     copy_s = best(copy_once, args.repeats)
     save_s = best(torch_save_once, args.repeats)
-    snap_s = best(lambda: snapshot(policy, 0), args.repeats)
+    spare = snapshot(policy, 0)
+    snap_s = best(lambda: snapshot(policy, 0, out=dict(zip(spare.names, spare.arrays))),
+                  args.repeats)
     daskrl_s = {}
     for tls in (True, False):  # the embedded cluster's default is TLS
-        with (
-            local_cluster(args.workers, tls=tls) as cluster,
-            Client(cluster) as client,
-            tempfile.TemporaryDirectory() as tmp,
-            Collector("daskrl.testing:Counting-v0", policy, tmp, client=client,
-                      envs_per_worker=1, frames_per_batch=1, total_frames=None) as collector,
-        ):
-            daskrl_s[tls] = best(lambda c=collector: c.update_weights(policy, wait=True),
-                                 args.repeats)
+        with local_cluster(args.workers, tls=tls) as cluster, Client(cluster) as client:
+            for shared in (True, False):
+                with (
+                    tempfile.TemporaryDirectory() as tmp,
+                    Collector("daskrl.testing:Counting-v0", policy, tmp, client=client,
+                              envs_per_worker=1, frames_per_batch=1, total_frames=None,
+                              shared_memory=shared) as collector,
+                ):
+                    assert collector.weights_transport == ("shared-memory" if shared
+                                                           else "dask")
+                    daskrl_s[tls, shared] = best(
+                        lambda c=collector: c.update_weights(policy, wait=True), args.repeats)
 
     n = args.workers
     print(f"state: {nbytes / 2**20:.0f} MiB float32, {n} workers, best of {args.repeats}")
     rows = [
         ("copy floor (1 memcpy per worker)", n * copy_s),
         ("torch.save to bytes (1 per worker)", n * save_s),
-        ("daskrl update_weights(wait=True), TLS", daskrl_s[True]),
-        ("daskrl update_weights(wait=True), no TLS", daskrl_s[False]),
-        ("  of which: snapshot on the learner", snap_s),
+        ("daskrl, shared memory, TLS (default)", daskrl_s[True, True]),
+        ("daskrl, shared memory, no TLS", daskrl_s[False, True]),
+        ("daskrl, Dask transfer, TLS", daskrl_s[True, False]),
+        ("daskrl, Dask transfer, no TLS", daskrl_s[False, False]),
+        ("  of which: snapshot + checksums (learner)", snap_s),
     ]
     floor = n * copy_s
     print(f"{'method':42s} {'seconds':>8s} {'per worker':>10s} {'x floor':>8s}")

@@ -7,7 +7,8 @@ import torch
 
 import daskrl
 from daskrl.testing import TagPolicy, worker_weights
-from daskrl.weights import load_weights, policy_spec, snapshot
+from daskrl.weights import load_weights, policy_spec, snapshot, weights_layout
+from daskrl.weights_shm import SegmentPool, SharedWeightsReader
 
 pytestmark = pytest.mark.gpu
 
@@ -21,6 +22,21 @@ def test_weights_from_a_cuda_learner_load_bit_exact_onto_cuda():
     for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
         assert a.device.type == b.device.type == "cuda"
         assert torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)), name
+
+
+def test_shared_memory_weights_from_a_cuda_learner_load_bit_exact_onto_cuda():
+    src = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.BatchNorm1d(7)).cuda()
+    src = src.to(torch.bfloat16)
+    pool = SegmentPool()
+    try:
+        _, manifest = pool.write(src, 0, weights_layout(src))
+        dst = policy_spec(src, None).build("cuda")
+        SharedWeightsReader().load(dst, manifest)
+    finally:
+        pool.close()
+    for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert b.device.type == "cuda"
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), name
 
 
 def test_collect_on_cuda_workers(client, tmp_path):
