@@ -93,6 +93,8 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="--cluster slurm: dask config file, e.g. deploy/slurm/jobqueue.yaml")
     g.add_argument("--no-tls", action="store_true",
                    help="embedded cluster without TLS (default: TLS with temporary credentials)")
+    g.add_argument("--no-shared-memory", dest="shared_memory", action="store_false",
+                   help="send weights through Dask even to workers on this machine")
     g.add_argument("--tls-ca-file", default=None, metavar="PEM")
     g.add_argument("--tls-cert", default=None, metavar="PEM")
     g.add_argument("--tls-key", default=None, metavar="PEM")
@@ -122,6 +124,7 @@ def _collect(args: argparse.Namespace) -> int:
             reset_at_each_iter=args.reset_at_each_iter, sync=args.sync, device=args.device,
             env_kwargs=args.env_kwargs, env_vars=dict(args.env_var), seed=args.seed,
             num_workers=args.workers, compression=args.compression,
+            shared_memory=args.shared_memory,
         ) as collector:
             with tqdm(total=args.frames, unit="frame", disable=args.no_progress,
                       dynamic_ncols=True) as bar:
@@ -131,6 +134,7 @@ def _collect(args: argparse.Namespace) -> int:
                     bar.set_postfix(fps=f"{s['fps']:.0f}", ret=f"{s['mean_return']:.1f}")
             s = collector.summary()
             n_workers = len(collector.client.scheduler_info()["workers"])
+            transport = collector.weights_transport
     finally:
         if deployment is not None:
             deployment.close()
@@ -141,6 +145,7 @@ def _collect(args: argparse.Namespace) -> int:
         f"collected {s['frames']} frames in {s['batches']} batches on {n_workers} workers, "
         f"{s['seconds']:.1f}s ({s['fps']:.0f} frames/s)\n"
         f"frames/s per worker: {per_worker}\n"
+        f"weights to workers: {transport.replace('-', ' ')}\n"
         f"episodes finished: {s['episodes']}, mean return (last 100): {mean}\n"
         f"store: {s['store']}  (read it with daskrl.open_store({s['store']!r}))"
     )

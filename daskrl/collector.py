@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import os
 import time
 import uuid
 import weakref
@@ -108,7 +109,7 @@ class Collector:
         Workers on the learner's machine read each weights version from one copy in shared
         memory (checksummed; only a small manifest goes through Dask) instead of receiving it
         over a socket. Workers elsewhere make the collector fall back to Dask transfers, as
-        does ``False``. (Always Dask transfers with an asynchronous client.)
+        does ``False``. (Always Dask transfers with an asynchronous client, and on Windows.)
 
     Examples
     --------
@@ -211,8 +212,10 @@ class Collector:
         self._closed = False
         self._weights: dict[int, Future] = {}  # versions in use published through Dask
         self._pending: dict[Future, BatchTask] = {}  # submitted, not yet handed over
-        # Weights versions in shared memory for workers on this machine (see weights_shm).
-        self._segments = SegmentPool(enabled=shared_memory and not self.client.asynchronous)
+        # Weights versions in shared memory for workers on this machine (see weights_shm);
+        # POSIX only: Windows cannot remove a file that a worker still maps.
+        self._segments = SegmentPool(
+            enabled=shared_memory and os.name == "posix" and not self.client.asynchronous)
         self._finalizer = weakref.finalize(
             self, Collector._cleanup, self.client, self._own_cluster, self._plugin_name,
             self._pending, self._weights, self._segments,

@@ -32,6 +32,7 @@ def test_cli_collect_prints_a_summary_and_writes_the_store(tmp_path):
     assert re.search(r"episodes finished: \d+, mean return \(last 100\): \d+\.\d\d", out.stdout)
     assert re.search(r"^frames/s per worker: tls://[\d.:]+ \d+ \(\d+ stepping\)$", out.stdout,
                      re.M), out.stdout
+    assert "weights to workers: shared memory\n" in out.stdout
     assert f"store: file://{store}" in out.stdout
     assert daskrl.open_store(str(store)).frames == 4096
 
