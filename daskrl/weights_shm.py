@@ -61,6 +61,10 @@ _ALIGN = 64
 _PREFIX = "daskrl-weights-"
 _NAME = re.compile(rf"{_PREFIX}(\d+)-[0-9a-f]+$")
 
+_HINT = (". The collector's iteration and update_weights(wait=True) switch to Dask transfers on "
+         "this error; a submit() future fails with it (pass shared_memory=False when workers "
+         "join from other machines and you drive the collector with submit()).")
+
 Layout = Sequence[tuple[str, str, tuple[int, ...]]]
 """``(name, torch dtype, shape)`` per tensor, as :func:`daskrl.weights.weights_layout` gives."""
 
@@ -285,14 +289,15 @@ class SharedWeightsReader:
         except OSError as e:
             raise WeightsNotSharedError(
                 f"{where} cannot open the learner's shared-memory weights {w.path!r} "
-                f"(learner on {w.host!r}): {e}"
+                f"(learner on {w.host!r}): {e}{_HINT}"
             ) from None
         try:
             size = os.fstat(fd).st_size
             need = w.offsets[-1] + _nbytes(w.dtypes[-1], w.shapes[-1]) if w.names else 0
             if size < max(need, _HEADER.size):
                 raise WeightsNotSharedError(
-                    f"{where}: {w.path!r} is not the learner's weights (learner on {w.host!r})"
+                    f"{where}: {w.path!r} is not the learner's weights (learner on "
+                    f"{w.host!r}){_HINT}"
                 )
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
@@ -302,7 +307,7 @@ class SharedWeightsReader:
             mm.close()
             raise WeightsNotSharedError(
                 f"{where}: {w.path!r} here is another file than the learner's on {w.host!r} "
-                "(another machine or container)"
+                f"(another machine or container){_HINT}"
             )
         self._maps[w.path] = mm
         while len(self._maps) > self.max_open:
