@@ -12,7 +12,9 @@ run, for the same bytes:
 * torch.save: serializing the state dict to bytes once per worker (what pipe/pickle-based
   collectors do), without even sending it.
 
-The ratio daskrl / floor is per worker: broadcast time / (workers x one copy).
+The ratio daskrl / floor is per worker: broadcast time / (workers x one copy). Timings are of
+the steady state (the best of ``--repeats`` versions after two untimed ones): the first versions
+also allocate the learner's buffers (or shared-memory files) and fault in the workers' mappings.
 
 Run:  python benchmarks/bench_weights.py [--params 25000000] [--workers 2] [--repeats 5]
 """
@@ -92,6 +94,8 @@ def main() -> None:
                 ):
                     assert collector.weights_transport == ("shared-memory" if shared
                                                            else "dask")
+                    for _ in range(2):  # steady state: buffers and mappings exist
+                        collector.update_weights(policy, wait=True)
                     daskrl_s[tls, shared] = best(
                         lambda c=collector: c.update_weights(policy, wait=True), args.repeats)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from distributed import Client, Future, LocalCluster, as_completed
+from distributed import Client, Future, LocalCluster, as_completed, wait
 
 from .cluster import local_cluster
 from .config import CollectorConfig, Compression, check_mapping
@@ -42,13 +42,14 @@ from .weights import (
     snapshot,
     weights_layout,
 )
-from .weights_shm import SegmentPool
+from .weights_shm import SegmentPool, SharedWeights
 from .worker import (
     IN_PROCESS_WEIGHTS,
     BatchTask,
     CollectorPlugin,
     WeightsRef,
     collect_batch,
+    preload_shared_weights,
     preload_weights,
     probe_store,
     weights_name,
@@ -362,22 +363,31 @@ class Collector:
         one copy in place) or ``"dask"`` (each worker receives a copy over the network)."""
         return "dask" if self._version in self._weights else "shared-memory"
 
-    def _preload(self, version: int, retry: bool = False) -> None:
+    def _preload(self, version: int) -> None:
+        """Load ``version`` on every worker now; a worker that cannot read shared memory
+        switches the collector to Dask transfers, and the load is done again that way."""
         weights = self._weights_ref(version)
-        suffix = "-r" if retry else ""
+        if isinstance(weights, SharedWeights):
+            results = self.client.run(preload_shared_weights, self._plugin_name, version,
+                                      weights, on_error="return")
+            errors = [r for r in results.values() if isinstance(r, BaseException)]
+            if not errors:
+                return
+            if not all(isinstance(e, WeightsNotSharedError) for e in errors):
+                raise next(e for e in errors if not isinstance(e, WeightsNotSharedError))
+            self._stop_sharing_weights(errors[0])
+            weights = self._weights_ref(version)
         futures = [
             self.client.submit(preload_weights, self._plugin_name, version, weights,
-                               key=f"daskrl-preload-{self._id}-{version}-{w}{suffix}",
+                               key=f"daskrl-preload-{self._id}-{version}-{w}",
                                workers=[w], pure=False)
             for w in self._live_workers(refresh=True)
         ]
-        try:
-            self.client.gather(futures)
-        except WeightsNotSharedError as e:
-            if retry:
-                raise
-            self._stop_sharing_weights(e)
-            self._preload(version, retry=True)
+        with self.client.as_current():
+            wait(futures)  # no result to fetch: only the errors matter
+        for fut in futures:
+            if fut.status == "error":
+                fut.result()  # raises the worker's error, with its traceback
 
     def _stop_sharing_weights(self, reason: BaseException) -> None:
         """A worker cannot read the shared-memory weights: send every version through Dask."""

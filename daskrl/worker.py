@@ -8,6 +8,7 @@ lives until ``teardown``, when the collector closes.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import threading
@@ -128,12 +129,15 @@ class CollectorPlugin(WorkerPlugin):
         self._reset_state()
 
     # -- state used by tasks -----------------------------------------------------------------
-    def ready_policy(self, version: int, weights: WeightsRef) -> torch.nn.Module:
+    def ready_policy(self, version: int, weights: WeightsRef,
+                     fallback: bool = True) -> torch.nn.Module:
         """The policy with weights ``version`` on this worker's device (loaded on change).
 
         The weights come from the learner's shared memory (``weights`` is its manifest), from
         this worker's own memory when the broadcast put a copy here, or else from the dataset
-        the learner published for the version.
+        the learner published for the version. If shared memory cannot be read here,
+        ``fallback`` looks for a published copy first (the learner may have switched to Dask
+        transfers meanwhile; this needs a task thread).
         """
         if self.device is None:
             self.device = resolve_device(self.device_setting, self.worker_name, self.worker_address)
@@ -150,6 +154,8 @@ class CollectorPlugin(WorkerPlugin):
                     self.shared.load(self.policy, weights, f"worker {self.worker_address}")
                 except WeightsNotSharedError:
                     # The learner switches to Dask transfers when it hears of this.
+                    if not fallback:
+                        raise
                     published = get_client().get_dataset(name, default=None)
                     if published is None:
                         raise
@@ -231,6 +237,21 @@ def preload_weights(plugin_name: str, version: int, weights: WeightsRef) -> str:
     with plugin._lock:
         plugin.ready_policy(version, weights)
     return str(plugin.device)
+
+
+async def preload_shared_weights(plugin_name: str, version: int, weights: SharedWeights,
+                                 dask_worker: Any = None) -> str:
+    """:func:`preload_weights` from the learner's shared memory, for ``Client.run`` (a direct
+    message to each worker, ~1.5 ms against ~10 ms for a task's round trip): the load runs in a
+    thread, so the worker's event loop stays free while a running batch holds the policy."""
+    plugin: CollectorPlugin = dask_worker.plugins[plugin_name]
+
+    def load() -> str:
+        with plugin._lock:
+            plugin.ready_policy(version, weights, fallback=False)
+        return str(plugin.device)
+
+    return await asyncio.get_running_loop().run_in_executor(None, load)
 
 
 def probe_store(plugin_name: str, run: int, token: str) -> str:
