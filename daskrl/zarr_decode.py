@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -37,6 +38,7 @@ from zarr.storage import LocalStore
 
 from . import local_io
 from .errors import BatchNotFoundError, StoreError, StoreFormatError
+from .zip_container import ZipFormatError
 
 __all__ = [
     "ALLOWED_CODECS",
@@ -90,6 +92,12 @@ class ArrayLayout:
     @property
     def chunk_nbytes(self) -> int:
         return math.prod(self.chunk_shape) * self.dtype.itemsize
+
+    @functools.cached_property
+    def grid(self) -> tuple[tuple[tuple[str, tuple[slice, ...]], ...], frozenset[str]]:
+        """:meth:`chunks` as a tuple, and the set of their keys (computed once per layout)."""
+        chunks = tuple(self.chunks())
+        return chunks, frozenset(k for k, _ in chunks)
 
     def chunks(self) -> Iterator[tuple[str, tuple[slice, ...]]]:
         """``(key suffix, region of the array)`` of every chunk, in C order."""
@@ -357,6 +365,7 @@ def _read_local(path: Path, layout: ArrayLayout, out: np.ndarray, valid: int) ->
     return True
 
 
+@functools.lru_cache(maxsize=64)
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
@@ -461,22 +470,28 @@ def read_arrays(
         else:
             _run_remote(zstore, jobs, parallel=total >= _PARALLEL_BYTES)
     except _JobError as e:
-        name, key, err = e.args
-        if isinstance(err, ChunkError):
-            raise StoreError(
-                f"cannot read array {name!r} of batch {path!r} in {url!r}: chunk {key!r}: "
-                f"{err}. Restore the file from a copy, or delete the batch."
-            ) from err
-        raise StoreError(
-            f"cannot read array {name!r} of batch {path!r} in {url!r}: {err!r}"
-        ) from err
+        raise read_error(e, path, url) from e.args[2]
     if dev.type == "cpu":
         return tensors
     return {k: t.to(dev) for k, t in tensors.items()}
 
 
 class _JobError(Exception):
-    pass
+    """``(array name, chunk key, error)`` of a chunk that could not be read."""
+
+
+def read_error(e: _JobError, path: str, url: str) -> StoreError:
+    """The error a reader raises for a chunk that failed."""
+    name, key, err = e.args
+    if isinstance(err, ZipFormatError):
+        return StoreFormatError(f"cannot read array {name!r} of batch {path!r} in {url!r}: "
+                                f"chunk {key!r}: {err}. The container is corrupt or was modified.")
+    if isinstance(err, ChunkError):
+        return StoreError(
+            f"cannot read array {name!r} of batch {path!r} in {url!r}: chunk {key!r}: "
+            f"{err}. Restore the file from a copy, or delete the batch."
+        )
+    return StoreError(f"cannot read array {name!r} of batch {path!r} in {url!r}: {err!r}")
 
 
 def _dest(lay: ArrayLayout, arr: np.ndarray, region: tuple[slice, ...]) -> tuple[np.ndarray, bool]:
