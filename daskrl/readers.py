@@ -254,7 +254,7 @@ class StoreReaders:
         layout: str = "frames",
         batch_ids: Sequence[int] | None = None,
     ) -> dict[str, dask.array.Array]:
-        """The store as lazy dask arrays, one ``dask.array.from_zarr`` per batch and array.
+        """The store as lazy dask arrays, one block per batch and array (read as ``load`` reads).
 
         Parameters
         ----------

@@ -85,6 +85,14 @@ def test_write_read_and_handles_without_credentials(s3):
     for k, v in big.items():
         np.testing.assert_array_equal(got[k].numpy(), v)
     assert set(store.load(4, keys=["reward"])) == {"reward"}
+    # zarr alone reads a container in place through fsspec's zip:: chaining (docs/store-format.md)
+    import zarr
+
+    root = zarr.open_group(url, mode="r", storage_options=options)
+    assert root.attrs["daskrl"]["format_version"] == "2.0"
+    group = zarr.open_group(f"zip::{url}/{path}", mode="r", storage_options={"s3": options})
+    assert group.attrs["batch_id"] == 3
+    np.testing.assert_array_equal(group["observation"][...], batch_arrays(3, 1)["observation"])
 
 
 def test_processes_race_on_s3_and_a_polling_reader_sees_new_batches(s3, tmp_path):
