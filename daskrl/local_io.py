@@ -20,12 +20,12 @@ import concurrent.futures
 import os
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = ["create_exclusive", "listdir", "read_file", "thread_pool", "write_new_file",
-           "write_new_files"]
+           "write_new_file_at", "write_new_files"]
 
 _PARALLEL_BYTES = 4 << 20
 _IOV_MAX = 512
@@ -103,43 +103,49 @@ def _pwrite_all(fd: int, parts: Sequence[Any], offset: int) -> None:
             views[0] = views[0][n:]
 
 
-def write_new_file(path: str, parts: Sequence[Any],
-                   pool: concurrent.futures.Executor | None = None) -> None:
-    """Create the file ``path`` (it must not exist: ``FileExistsError``) holding ``parts``
-    joined; its directory is created if missing.
-
-    A large file is written by ``pool`` when given, in contiguous pieces at their offsets
-    (``pwritev`` releases the GIL; the page cache copies run on several cores).
-    """
+def _create(path: str) -> int:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags, 0o644)
+        return os.open(path, flags, 0o644)
     except FileNotFoundError:  # the first write into a new directory: one mkdir, not one per file
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, flags, 0o644)
+        return os.open(path, flags, 0o644)
+
+
+def write_new_file(path: str, parts: Sequence[Any]) -> None:
+    """Create the file ``path`` (it must not exist: ``FileExistsError``) holding ``parts``
+    joined, with one exclusive create and (usually) one ``pwritev``; its directory is created
+    if missing."""
+    fd = _create(path)
     try:
-        sizes = [memoryview(p).nbytes for p in parts]
-        total = sum(sizes)
-        if pool is None or total < _PARALLEL_BYTES or len(parts) < 2:
-            _pwrite_all(fd, parts, 0)
-            return
-        # contiguous groups of about equal bytes, one per pool task
-        groups: list[tuple[int, list[Any]]] = []
-        target = max(_PARALLEL_BYTES // 2, total // 8)
-        start = pos = 0
-        current: list[Any] = []
-        for part, size in zip(parts, sizes):
-            current.append(part)
-            pos += size
-            if pos - start >= target:
-                groups.append((start, current))
-                start, current = pos, []
-        if current:
-            groups.append((start, current))
-        futures = [pool.submit(_pwrite_all, fd, g, off) for off, g in groups]
-        concurrent.futures.wait(futures)  # all done before the descriptor is closed
+        _pwrite_all(fd, parts, 0)
+    except BaseException:
+        os.unlink(path)  # ours (exclusive create), and never committed
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_new_file_at(
+    path: str,
+    pieces: Sequence[tuple[int, Sequence[Any]]],
+    pool: concurrent.futures.Executor,
+    finish: Callable[[], Sequence[tuple[int, Sequence[Any]]]],
+) -> None:
+    """Create the file ``path`` exclusively and write each ``(offset, buffers)`` of ``pieces``
+    by ``pool`` (``pwritev`` releases the GIL); then the pieces ``finish()`` returns (it runs
+    meanwhile on this thread, e.g. waiting for checksums that headers need)."""
+    fd = _create(path)
+    try:
+        futures = [pool.submit(_pwrite_all, fd, parts, offset) for offset, parts in pieces]
+        try:
+            last = finish()
+        finally:
+            concurrent.futures.wait(futures)  # all done before the descriptor is closed
         for fut in futures:
             fut.result()
+        for offset, parts in last:
+            _pwrite_all(fd, parts, offset)
     except BaseException:
         os.unlink(path)  # ours (exclusive create), and never committed
         raise

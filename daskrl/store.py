@@ -39,7 +39,7 @@ from .housekeeping import StoreHousekeeping
 from .readers import StoreReaders
 from .zarr_decode import read_arrays
 from .zarr_encode import encode_batch
-from .zip_container import ZipFormatError, build_archive, crc32
+from .zip_container import ZipFormatError, build_archive, crc32, plan_archive
 from .zip_decode import read_zip_arrays
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "TrajectoryStore", "normalize_url", "open_store"]
@@ -268,24 +268,15 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}.zip"
         meta = {**meta, "batch_id": batch_id, "path": path}
         entries = encode_batch(meta, arrays, Compression(compression))
-        pool = local_io.thread_pool()
-        total = sum(memoryview(p).nbytes for _, parts in entries for p in parts)
-        if total >= _PARALLEL_CRC_BYTES:  # zlib releases the GIL: members in parallel
-            crcs = list(pool.map(crc32, [parts for _, parts in entries]))
-        else:
-            crcs = [crc32(parts) for _, parts in entries]
-        try:
-            archive = build_archive(entries, crcs)
-        except ZipFormatError as e:
-            raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}.") from e
         try:
             if isinstance(self._zstore, LocalStore):
                 # In place (the attempt is invisible until committed); see daskrl.local_io.
-                local_io.write_new_file(os.path.join(self._zstore.root, path), archive.parts,
-                                        pool)
+                self._write_local(os.path.join(self._zstore.root, path), entries)
             else:
-                data = default_buffer_prototype().buffer.from_bytes(b"".join(archive.parts))
-                sync(self._zstore.set(path, data))
+                data = b"".join(build_archive(entries).parts)
+                sync(self._zstore.set(path, default_buffer_prototype().buffer.from_bytes(data)))
+        except ZipFormatError as e:
+            raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}.") from e
         except OSError as e:
             raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}") from e
         record = _group_doc(meta)
@@ -293,6 +284,27 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         if not committed:
             self._delete_attempt(path)
         return path, committed
+
+    @staticmethod
+    def _write_local(file: str, entries: list[tuple[str, list[Any]]]) -> None:
+        """A container into a new local file: small ones with one ``pwritev``; large ones with
+        their members' data written by the thread pool while their CRC-32s are computed, then
+        the headers and the directory (which need the CRCs)."""
+        total = sum(memoryview(p).nbytes for _, parts in entries for p in parts)
+        if total < _PARALLEL_WRITE_BYTES:
+            local_io.write_new_file(file, build_archive(entries).parts)
+            return
+        pool = local_io.thread_pool()
+        plan = plan_archive(entries)
+        crcs = [pool.submit(crc32, parts) for _, parts in entries]
+
+        def headers() -> list[tuple[int, list[Any]]]:
+            done = [f.result() for f in crcs]
+            heads = [(m.offset, [plan.local_header(m, c)]) for m, c in zip(plan.members, done)]
+            return [*heads, (plan.directory_offset, [plan.trailer(done)])]
+
+        data = [(m.data_offset, parts) for m, (_, parts) in zip(plan.members, entries) if parts]
+        local_io.write_new_file_at(file, data, pool, headers)
 
     def _delete_attempt(self, path: str) -> None:
         """Remove an attempt: a container (2.x) or a directory tree (1.x)."""
@@ -407,8 +419,9 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             )
 
 
-_PARALLEL_CRC_BYTES = 4 << 20
-"""Batches at least this large get their zip CRC-32s computed by the thread pool."""
+_PARALLEL_WRITE_BYTES = 4 << 20
+"""Local batches at least this large are written by the thread pool while their CRC-32s are
+computed (zlib releases the GIL)."""
 
 _EXCLUSIVE_PROTOCOLS = frozenset({"s3", "s3a", "memory"})
 """fsspec protocols whose ``pipe_file(mode="create")`` is known to be an exclusive create

@@ -25,21 +25,27 @@ from __future__ import annotations
 import dataclasses
 import re
 import struct
-import zlib
 from collections.abc import Sequence
 from typing import Any
+
+try:  # zlib-ng's CRC-32 runs ~10x faster than zlib 1.2's (30 vs 3 GB/s on our test machine)
+    from zlib_ng.zlib_ng import crc32 as _crc32
+except ImportError:  # pip install "daskrl[fast]" to get it
+    from zlib import crc32 as _crc32
 
 __all__ = [
     "END_SIZE",
     "LOCAL_HEADER_SIZE",
     "Archive",
     "Member",
+    "Plan",
     "ZipFormatError",
     "build_archive",
     "check_local_header",
     "crc32",
     "find_directory",
     "parse_directory",
+    "plan_archive",
 ]
 
 LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
@@ -102,11 +108,17 @@ class Archive:
 
 
 def crc32(parts: Sequence[Any]) -> int:
-    """ZIP's CRC-32 of the buffers ``parts`` joined (zlib releases the GIL)."""
+    """ZIP's CRC-32 of the buffers ``parts`` joined (zlib releases the GIL; zlib-ng is used
+    when installed)."""
     crc = 0
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        crc = _crc32(p, crc)
     return crc
+
+
+def crc32_update(data: Any, crc: int = 0) -> int:
+    """ZIP's CRC-32 of ``crc``'s bytes followed by the buffer ``data``."""
+    return _crc32(data, crc)
 
 
 def _nbytes(part: Any) -> int:
@@ -119,26 +131,58 @@ def _check_name(name: str) -> bytes:
     return name.encode("utf-8")
 
 
-def build_archive(
-    entries: Sequence[tuple[str, Sequence[Any]]],
-    crcs: Sequence[int] | None = None,
-    *,
-    force_zip64: bool = False,
-) -> Archive:
-    """Lay out ``(name, buffers)`` entries as a stored ZIP archive.
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Where each member of an archive goes, before its CRC-32 is known (offsets and sizes do
+    not depend on it): data can be written while CRCs are computed, headers after."""
 
-    ``crcs`` are the entries' CRC-32 (:func:`crc32`), computed here when None; pass them to
-    compute them elsewhere (e.g. in parallel).  The buffers are not copied: they become parts
-    of the archive between the header bytes.  ``force_zip64`` writes ZIP64 records even when
-    not needed (for tests).
+    members: list[Member]
+    force_zip64: bool = False
+
+    @property
+    def directory_offset(self) -> int:
+        return self.members[-1].end if self.members else 0
+
+    def local_header(self, m: Member, crc: int) -> bytes:
+        """Bytes of ``m``'s local header (name included), to write at ``m.offset``."""
+        return LOCAL_HEADER.pack(_SIG_LOCAL, 20, m.flags, 0, 0, _DOS_DATE, crc, m.size, m.size,
+                                 len(m.name_bytes), 0) + m.name_bytes
+
+    def trailer(self, crcs: Sequence[int]) -> bytes:
+        """Central directory and end records, to write at :attr:`directory_offset`."""
+        directory = bytearray()
+        for m, crc in zip(self.members, crcs, strict=True):
+            raw = m.name_bytes
+            extra = b""
+            offset = m.offset
+            if self.force_zip64 or offset >= _MAX32:
+                extra = struct.pack("<HHQ", 1, 8, offset)
+                offset = _MAX32
+            directory += CENTRAL_HEADER.pack(
+                _SIG_CENTRAL, _MADE_BY, 45 if extra else 20, m.flags, 0, 0, _DOS_DATE, crc,
+                m.size, m.size, len(raw), len(extra), 0, 0, 0, _FILE_MODE, offset) + raw + extra
+        cd_offset, cd_size, n = self.directory_offset, len(directory), len(self.members)
+        if self.force_zip64 or n >= _MAX16 or cd_offset >= _MAX32 or cd_size >= _MAX32:
+            directory += END64.pack(_SIG_END64, END64.size - 12, _MADE_BY, 45, 0, 0, n, n,
+                                    cd_size, cd_offset)
+            directory += LOCATOR64.pack(_SIG_LOCATOR64, 0, cd_offset + cd_size, 1)
+            directory += END.pack(_SIG_END, 0, 0, min(n, _MAX16), min(n, _MAX16),
+                                  min(cd_size, _MAX32), min(cd_offset, _MAX32), 0)
+        else:
+            directory += END.pack(_SIG_END, 0, 0, n, n, cd_size, cd_offset, 0)
+        return bytes(directory)
+
+
+def plan_archive(entries: Sequence[tuple[str, Sequence[Any]]], *,
+                 force_zip64: bool = False) -> Plan:
+    """Lay out ``(name, buffers)`` entries, in order, as members of a stored ZIP archive.
+
+    ``force_zip64`` writes ZIP64 records even when not needed (for tests).
     """
-    if crcs is None:
-        crcs = [crc32(parts) for _, parts in entries]
-    out: list[Any] = []
     members: list[Member] = []
     seen: set[str] = set()
     pos = 0
-    for (name, parts), crc in zip(entries, crcs, strict=True):
+    for name, parts in entries:
         raw = _check_name(name)
         if name in seen:
             raise ZipFormatError(f"member name {name!r} occurs twice")
@@ -147,37 +191,33 @@ def build_archive(
         if size >= _MAX32:
             raise ZipFormatError(f"member {name!r} holds {size} bytes; a member holds at most "
                                  f"{_MAX32 - 1} bytes (4 GiB - 1)")
-        flags = 0 if raw.isascii() else _UTF8
-        out.append(LOCAL_HEADER.pack(_SIG_LOCAL, 20, flags, 0, 0, _DOS_DATE, crc, size, size,
-                                     len(raw), 0) + raw)
+        m = Member.make(name, raw, pos, size, 0 if raw.isascii() else _UTF8)
+        members.append(m)
+        pos = m.end
+    return Plan(members, force_zip64)
+
+
+def build_archive(
+    entries: Sequence[tuple[str, Sequence[Any]]],
+    crcs: Sequence[int] | None = None,
+    *,
+    force_zip64: bool = False,
+) -> Archive:
+    """Lay out ``(name, buffers)`` entries as a stored ZIP archive, ready to write.
+
+    ``crcs`` are the entries' CRC-32 (:func:`crc32`), computed here when None.  The buffers are
+    not copied: they become parts of the archive between the header bytes.
+    """
+    if crcs is None:
+        crcs = [crc32(parts) for _, parts in entries]
+    plan = plan_archive(entries, force_zip64=force_zip64)
+    out: list[Any] = []
+    for m, (_, parts), crc in zip(plan.members, entries, crcs, strict=True):
+        out.append(plan.local_header(m, crc))
         out.extend(parts)
-        members.append(Member.make(name, raw, pos, size, flags))
-        pos += LOCAL_HEADER_SIZE + len(raw) + size
-    cd_offset = pos
-    directory = bytearray()
-    for m, crc in zip(members, crcs):
-        raw = m.name_bytes
-        extra = b""
-        offset = m.offset
-        if force_zip64 or offset >= _MAX32:
-            extra = struct.pack("<HHQ", 1, 8, offset)
-            offset = _MAX32
-        directory += CENTRAL_HEADER.pack(
-            _SIG_CENTRAL, _MADE_BY, 45 if extra else 20, m.flags, 0, 0, _DOS_DATE, crc,
-            m.size, m.size, len(raw), len(extra), 0, 0, 0, _FILE_MODE, offset) + raw + extra
-    cd_size = len(directory)
-    n = len(members)
-    if force_zip64 or n >= _MAX16 or cd_offset >= _MAX32 or cd_size >= _MAX32:
-        end64 = cd_offset + cd_size
-        directory += END64.pack(_SIG_END64, END64.size - 12, _MADE_BY, 45, 0, 0, n, n,
-                                cd_size, cd_offset)
-        directory += LOCATOR64.pack(_SIG_LOCATOR64, 0, end64, 1)
-        directory += END.pack(_SIG_END, 0, 0, min(n, _MAX16), min(n, _MAX16),
-                              min(cd_size, _MAX32), min(cd_offset, _MAX32), 0)
-    else:
-        directory += END.pack(_SIG_END, 0, 0, n, n, cd_size, cd_offset, 0)
-    out.append(bytes(directory))
-    return Archive(out, members, list(crcs), cd_offset + len(directory))
+    trailer = plan.trailer(crcs)
+    out.append(trailer)
+    return Archive(out, plan.members, list(crcs), plan.directory_offset + len(trailer))
 
 
 # -- reading ------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ import dataclasses
 import math
 import os
 import re
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -260,7 +259,7 @@ def _member_bytes(src: Any, index: BatchIndex, members: Sequence[zc.Member],
         except zc.ZipFormatError as e:
             raise _refuse(where, str(e)) from None
         data = raw[head:]
-        if zlib.crc32(data) != index.crcs[m.name]:
+        if zc.crc32_update(data) != index.crcs[m.name]:
             raise StoreFormatError(f"{where}: zip member {m.name!r} fails its CRC-32: the "
                                    "container is corrupt or was modified.")
         out.append(data)
@@ -370,7 +369,7 @@ def read_zip_arrays(
 
 
 def _verify_zip_crc(data: Any, crc: int) -> None:
-    if zlib.crc32(data) != crc:
+    if zc.crc32_update(data) != crc:
         raise ChunkError("zip CRC-32 mismatch: the chunk is corrupt or was modified")
 
 
@@ -462,7 +461,7 @@ def _check_raw(head: Any, dest: np.ndarray, rest: bytearray, m: zc.Member, crc: 
     zc.check_local_header(head, m, crc)
     if lay.checksum:
         _check_crc32c(google_crc32c.value(dest), rest)
-    elif zlib.crc32(rest, zlib.crc32(dest)) != crc:
+    elif zc.crc32_update(rest, zc.crc32_update(dest)) != crc:
         raise ChunkError("zip CRC-32 mismatch: the chunk is corrupt or was modified")
 
 
@@ -523,14 +522,14 @@ def _read_raw_into(fd: int, m: zc.Member, crc: int, lay: ArrayLayout, dest: np.n
         if lay.checksum:
             computed = google_crc32c.extend(computed, block)
         else:
-            computed = zlib.crc32(block, computed)
+            computed = zc.crc32_update(block, computed)
         n += block.nbytes
         if not block.nbytes:
             break
     _preadv_exact(fd, [rest], m.data_offset + valid)
     if lay.checksum:
         _check_crc32c(computed, rest)
-    elif zlib.crc32(rest, computed) != crc:
+    elif zc.crc32_update(rest, computed) != crc:
         raise ChunkError("zip CRC-32 mismatch: the chunk is corrupt or was modified")
 
 

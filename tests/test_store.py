@@ -259,6 +259,25 @@ def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compress
     np.testing.assert_array_equal(zarr.open_array(mine, path="a", mode="r")[...], arr)
 
 
+def test_a_large_batch_is_written_by_the_pool_and_read_whole(tmp_path):
+    """Above 4 MiB the container's data is written by the thread pool while its CRC-32s are
+    computed, headers last; several 8 MiB chunks per array, read in parallel."""
+    rng = np.random.default_rng(5)
+    arrays = {"observation": rng.integers(0, 255, (80, 4, 84, 84, 4), dtype=np.uint8),
+              "reward": rng.standard_normal((80, 4)).astype(np.float32)}
+    url = str(tmp_path / "s")
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    for bid, compression in enumerate(["none", "zstd"]):
+        path, _ = w.write_batch(bid, arrays, _meta(), compression=compression)
+        with zipfile.ZipFile(tmp_path / "s" / path) as z:
+            assert z.testzip() is None
+            assert len([n for n in z.namelist() if n.startswith("observation/c/")]) == 2
+        got = daskrl.open_store(url).load(bid)
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(got[k].numpy(), v)
+
+
 def test_a_read_only_store_refuses_writes(tmp_path):
     url = str(tmp_path / "s")
     TrajectoryStore(url, read_only=False).initialize()

@@ -128,6 +128,15 @@ def test_more_than_65535_members_use_zip64_end_records(tmp_path):
     assert len(members) == n
 
 
+def test_crc32_is_zips_whatever_implementation_computes_it():
+    import zlib
+
+    data = np.random.default_rng(1).integers(0, 255, (1 << 20) + 7, dtype=np.uint8)
+    parts = [data[:5], memoryview(data[5:1000]), bytes(data[1000:]), bytearray(b"")]
+    assert zip_container.crc32(parts) == zlib.crc32(data.tobytes())
+    assert zip_container.crc32_update(data[9:], zip_container.crc32_update(data[:9])) == zlib.crc32(data)
+
+
 def test_the_writer_refuses_what_it_cannot_write():
     with pytest.raises(zip_container.ZipFormatError, match=re.escape("member name '../x' is not a relative POSIX path")):
         zip_container.build_archive([("../x", [b""])])
