@@ -365,6 +365,16 @@ def _read_local(path: Path, layout: ArrayLayout, out: np.ndarray, valid: int) ->
     return True
 
 
+def empty_tensor(shape: tuple[int, ...], dtype: np.dtype, pin: bool) -> torch.Tensor:
+    """An uninitialized CPU tensor to decode into: pinned (for a CUDA target) by torch, else
+    allocated by numpy.  Large numpy buffers come from malloc, which reuses freed memory; torch's
+    allocator maps fresh pages, whose first touch (page faults, and huge-page compaction where
+    transparent huge pages are on) cost more than reading a batch from the page cache."""
+    if pin:
+        return torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=True)
+    return torch.from_numpy(np.empty(shape, dtype))
+
+
 @functools.lru_cache(maxsize=64)
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
@@ -456,8 +466,7 @@ def read_arrays(
             raise KeyError(f"batch {path!r} has no array {name!r}; it has {have}.")
         layouts[name] = _layout(raw, f"{where}, array {name!r}")
     pin = dev.type == "cuda" and torch.cuda.is_available()
-    tensors = {name: torch.empty(lay.shape, dtype=_torch_dtype(lay.dtype), pin_memory=pin)
-               for name, lay in layouts.items()}
+    tensors = {name: empty_tensor(lay.shape, lay.dtype, pin) for name, lay in layouts.items()}
     jobs: list[tuple[str, str, ArrayLayout, np.ndarray, tuple[slice, ...]]] = []
     for name, lay in layouts.items():
         arr = tensors[name].numpy()

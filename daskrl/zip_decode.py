@@ -49,8 +49,8 @@ from .zarr_decode import (
     _layout,
     _map,
     _place,
-    _torch_dtype,
     decode_chunk,
+    empty_tensor,
     read_error,
 )
 
@@ -343,8 +343,7 @@ def read_zip_arrays(
             raise BatchNotFoundError(f"batch data {path!r} in {url!r} holds no arrays.")
         layouts = _layouts(src, index, names, where, path)
         pin = dev.type == "cuda" and torch.cuda.is_available()
-        tensors = {n: torch.empty(lay.shape, dtype=_torch_dtype(lay.dtype), pin_memory=pin)
-                   for n, lay in layouts.items()}
+        tensors = {n: empty_tensor(lay.shape, lay.dtype, pin) for n, lay in layouts.items()}
         jobs = []
         for name, lay in layouts.items():
             arr = tensors[name].numpy()
