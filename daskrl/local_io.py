@@ -5,10 +5,10 @@ zarr's ``LocalStore`` runs every get and set through its event-loop thread and a
 or reading a 4096-frame batch of low-dimensional observations.  The commit protocol makes most
 of that unnecessary:
 
-* files of an attempt group (``batches/<id>-<attempt>/...``) are written in place, each with an
-  exclusive create (never overwriting anything): the group's name is fresh, and no reader looks
-  at it before its commit record exists, so a torn file is never seen (a crash leaves an
-  uncommitted attempt for the garbage collector);
+* an attempt's container (``batches/<id>-<attempt>.zip``; in format 1.x every file of an
+  attempt directory) is written in place with an exclusive create (never overwriting
+  anything): its name is fresh, and no reader looks at it before its commit record exists, so a
+  torn file is never seen (a crash leaves an uncommitted attempt for the garbage collector);
 * the commit record is the one write that must be atomic *and* exclusive: it is written to a
   temporary ``zarr.<hex>.partial`` file beside it and hard-linked into place (``link`` fails if
   the record exists; the same scheme as zarr's ``LocalStore``).

@@ -1,6 +1,8 @@
 """Read a batch's zarr v3 arrays into torch tensors, refusing anything outside an allowlist.
 
-The mirror of :mod:`daskrl.zarr_encode`.  A store may come from anywhere, so its metadata is
+The mirror of :mod:`daskrl.zarr_encode`.  This module reads format 1.x batches (a group
+directory) and holds the allowlist and chunk decoding that :mod:`daskrl.zip_decode` applies to
+the zip containers of format 2.x.  A store may come from anywhere, so its metadata is
 checked before any data is read: zarr format 3, a numeric or bool ``data_type``, a regular chunk
 grid with the default key encoding, and the codec chain ``bytes`` → at most one of ``zstd``,
 ``blosc``, ``gzip`` → optionally ``crc32c``.  Nothing else is interpreted (no pickle, no
