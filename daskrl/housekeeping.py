@@ -3,11 +3,12 @@
 Mixed into :class:`~daskrl.TrajectoryStore`.  Every operation is safe while workers write and
 learners read:
 
-* **Deleting a batch** removes its commit record first, then its data.  A batch disappears
+* **Deleting a batch** removes its commit record first, then its data (one zip container in
+  format 2.x, a directory tree in 1.x).  A batch disappears
   from listings at once; a reader already loading it gets :class:`~daskrl.BatchNotFoundError`
   (``load`` re-checks the commit record after reading), never a half-deleted batch.
-* **Garbage** is what no commit record reaches: attempt groups of crashed or losing writers and
-  zarr's ``*.partial`` temporary files.  :meth:`StoreHousekeeping.collect_garbage` deletes only
+* **Garbage** is what no commit record reaches: attempts (containers or 1.x directories) of
+  crashed or losing writers, and ``*.partial`` temporary files.  :meth:`StoreHousekeeping.collect_garbage` deletes only
   garbage older than a grace period, so a writer still writing (its files are fresh) is never
   disturbed; committed batches are never touched.
 """
@@ -18,6 +19,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,9 +30,13 @@ from zarr.storage import FsspecStore, LocalStore
 
 from .errors import ConfigError, StoreError
 
-__all__ = ["DEFAULT_GRACE_SECONDS", "GarbageReport", "StoreHousekeeping"]
+__all__ = ["ATTEMPT_NAME", "DEFAULT_GRACE_SECONDS", "GarbageReport", "StoreHousekeeping"]
 
 logger = logging.getLogger(__name__)
+
+ATTEMPT_NAME = re.compile(r"\d{12}-[0-9A-Za-z]+(?:\.zip)?")
+"""Name of an attempt under ``batches/``: ``<id:012d>-<attempt>.zip`` (2.x) or a 1.x
+directory ``<id:012d>-<attempt>``."""
 
 DEFAULT_GRACE_SECONDS = 3600.0
 """Garbage younger than this is left alone: its writer may still be running."""
@@ -41,7 +47,8 @@ class GarbageReport:
     """What :meth:`StoreHousekeeping.collect_garbage` removed (or would remove)."""
 
     attempts: tuple[str, ...]
-    """Uncommitted attempt groups removed (``batches/<id>-<attempt>``)."""
+    """Uncommitted attempts removed (``batches/<id>-<attempt>.zip``, or a 1.x directory
+    ``batches/<id>-<attempt>``)."""
     partial_files: tuple[str, ...]
     """``*.partial`` temporary files removed."""
     bytes: int
@@ -142,6 +149,28 @@ class StoreHousekeeping:
     def _delete_key(self, key: str) -> None:
         sync(self._zstore.delete(key))
 
+    def attempt_sizes(self) -> dict[str, tuple[int, float]]:
+        """``{attempt path: (bytes, newest mtime)}`` of everything under ``batches/``: zip
+        containers and 1.x attempt directories (``batches/<name>``), from one listing."""
+        out: dict[str, tuple[int, float]] = {}
+        for key, size, mtime in self._files("batches", dirs=True):
+            parts = key.split("/")
+            if len(parts) < 2 or key == "batches/zarr.json" or parts[1] == "zarr.json":
+                continue
+            attempt = "/".join(parts[:2])
+            total, newest = out.get(attempt, (0, 0.0))
+            out[attempt] = (total + size, max(newest, mtime))
+        return out
+
+    def _delete_attempt_data(self, path: str) -> None:
+        if path.endswith(".zip"):
+            try:
+                self._delete_key(path)
+            except FileNotFoundError:
+                pass
+        else:
+            self._delete_dir(path)
+
     def _delete_dir(self, prefix: str) -> None:
         if isinstance(self._zstore, LocalStore):
             import shutil
@@ -171,7 +200,7 @@ class StoreHousekeeping:
             self._delete_dir(key)
             path = (rec.get("attributes") or {}).get("path")
             if isinstance(path, str) and path.startswith("batches/") and path.count("/") == 1:
-                self._delete_dir(path)
+                self._delete_attempt_data(path)
             deleted.append(bid)
             logger.info("deleted batch %d of %s", bid, self.url)
         return deleted
@@ -216,24 +245,22 @@ class StoreHousekeeping:
         removed: list[str] = []
         kept: list[str] = []
         freed = 0
-        # 1. attempt groups no commit record names
-        for name in self._list_groups("batches"):
-            path = f"batches/{name}"
-            if path in committed or "." in name:
+        # 1. attempts (containers, 1.x directories) no commit record names
+        for path, (size, newest) in sorted(self.attempt_sizes().items()):
+            name = path.split("/", 1)[1]
+            if path in committed or not ATTEMPT_NAME.fullmatch(name):
                 continue
-            files = self._files(path, dirs=True)
-            newest = max((m for _, _, m in files), default=0.0)
             if now - newest < older_than:
                 kept.append(path)
                 continue
-            if name[:12].isdigit():  # re-check: a writer may have committed it just now
-                rec = self._get_json(f"commits/{name[:12]}/zarr.json")
-                if rec is not None and (rec.get("attributes") or {}).get("path") == path:
-                    continue
+            # re-check: a writer may have committed it just now
+            rec = self._get_json(f"commits/{name[:12]}/zarr.json")
+            if rec is not None and (rec.get("attributes") or {}).get("path") == path:
+                continue
             removed.append(path)
-            freed += sum(s for _, s, _ in files)
+            freed += size
             if not dry_run:
-                self._delete_dir(path)
+                self._delete_attempt_data(path)
         # 2. temporary files of interrupted local writes (fsspec stores write no such files)
         partials: list[str] = []
         if isinstance(self._zstore, LocalStore):

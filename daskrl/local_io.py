@@ -5,10 +5,10 @@ zarr's ``LocalStore`` runs every get and set through its event-loop thread and a
 or reading a 4096-frame batch of low-dimensional observations.  The commit protocol makes most
 of that unnecessary:
 
-* files of an attempt group (``batches/<id>-<attempt>/...``) are written in place, each with an
-  exclusive create (never overwriting anything): the group's name is fresh, and no reader looks
-  at it before its commit record exists, so a torn file is never seen (a crash leaves an
-  uncommitted attempt for the garbage collector);
+* an attempt's container (``batches/<id>-<attempt>.zip``; in format 1.x every file of an
+  attempt directory) is written in place with an exclusive create (never overwriting
+  anything): its name is fresh, and no reader looks at it before its commit record exists, so a
+  torn file is never seen (a crash leaves an uncommitted attempt for the garbage collector);
 * the commit record is the one write that must be atomic *and* exclusive: it is written to a
   temporary ``zarr.<hex>.partial`` file beside it and hard-linked into place (``link`` fails if
   the record exists; the same scheme as zarr's ``LocalStore``).
@@ -20,13 +20,15 @@ import concurrent.futures
 import os
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["create_exclusive", "listdir", "read_file", "thread_pool", "write_new_files"]
+__all__ = ["create_exclusive", "listdir", "read_file", "thread_pool", "write_new_file",
+           "write_new_file_at", "write_new_files"]
 
 _PARALLEL_BYTES = 4 << 20
+_IOV_MAX = 512
 _POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -86,6 +88,69 @@ def write_new_files(root: Path, files: Sequence[tuple[str, Sequence[Any]]],
         return
     for k, d in files:
         _write_one(os.path.join(root, k), d)
+
+
+def _pwrite_all(fd: int, parts: Sequence[Any], offset: int) -> None:
+    views = [memoryview(p).cast("B") for p in parts]
+    views = [v for v in views if v.nbytes]
+    while views:
+        n = os.pwritev(fd, views[:_IOV_MAX], offset)  # may write less than asked
+        offset += n
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
+def _create(path: str) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, 0o644)
+    except FileNotFoundError:  # the first write into a new directory: one mkdir, not one per file
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, flags, 0o644)
+
+
+def write_new_file(path: str, parts: Sequence[Any]) -> None:
+    """Create the file ``path`` (it must not exist: ``FileExistsError``) holding ``parts``
+    joined, with one exclusive create and (usually) one ``pwritev``; its directory is created
+    if missing."""
+    fd = _create(path)
+    try:
+        _pwrite_all(fd, parts, 0)
+    except BaseException:
+        os.unlink(path)  # ours (exclusive create), and never committed
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_new_file_at(
+    path: str,
+    pieces: Sequence[tuple[int, Sequence[Any]]],
+    pool: concurrent.futures.Executor,
+    finish: Callable[[], Sequence[tuple[int, Sequence[Any]]]],
+) -> None:
+    """Create the file ``path`` exclusively and write each ``(offset, buffers)`` of ``pieces``
+    by ``pool`` (``pwritev`` releases the GIL); then the pieces ``finish()`` returns (it runs
+    meanwhile on this thread, e.g. waiting for checksums that headers need)."""
+    fd = _create(path)
+    try:
+        futures = [pool.submit(_pwrite_all, fd, parts, offset) for offset, parts in pieces]
+        try:
+            last = finish()
+        finally:
+            concurrent.futures.wait(futures)  # all done before the descriptor is closed
+        for fut in futures:
+            fut.result()
+        for offset, parts in last:
+            _pwrite_all(fd, parts, offset)
+    except BaseException:
+        os.unlink(path)  # ours (exclusive create), and never committed
+        raise
+    finally:
+        os.close(fd)
 
 
 def create_exclusive(root: Path, key: str, data: bytes) -> bool:

@@ -217,6 +217,35 @@ class StoreReaders:
             if not complete_only:
                 yield ep
 
+    def array_names(self, path: str) -> list[str]:
+        """Names of the arrays of the batch at ``path`` (a container or a 1.x group)."""
+        from .zarr_decode import list_arrays
+        from .zip_decode import read_index
+
+        if path.endswith(".zip"):
+            return sorted(read_index(self._zstore, path, f"batch {path!r}", self.url, keys=[])[0].docs)
+        return list_arrays(self._zstore, path)
+
+    def _array_layouts(self, bid: int, path: str, names: Sequence[str]) -> dict[str, Any]:
+        """Validated :class:`~daskrl.zarr_decode.ArrayLayout` of arrays ``names`` of a batch."""
+        from .zarr_decode import check_array_metadata, read_metadata
+        from .zip_decode import read_index
+
+        where = f"batch {bid} ({path!r})"
+        if path.endswith(".zip"):
+            try:
+                return read_index(self._zstore, path, where, self.url, keys=names)[1]
+            except KeyError as e:
+                raise StoreError(f"{where} of {self.url!r}: {e.args[0]} Pass keys= present in "
+                                 "every batch.") from None
+        out = {}
+        for name, doc in zip(names, read_metadata(self._zstore, path, names)):
+            if doc is None:
+                raise StoreError(f"{where} of {self.url!r} has no array {name!r}; pass keys= "
+                                 "present in every batch.")
+            out[name] = check_array_metadata(doc, f"{where}, array {name!r}")
+        return out
+
     # -- dask -----------------------------------------------------------------------------------
     def to_dask(
         self,
@@ -225,7 +254,7 @@ class StoreReaders:
         layout: str = "frames",
         batch_ids: Sequence[int] | None = None,
     ) -> dict[str, dask.array.Array]:
-        """The store as lazy dask arrays, one ``dask.array.from_zarr`` per batch and array.
+        """The store as lazy dask arrays, one block per batch and array (read as ``load`` reads).
 
         Parameters
         ----------
@@ -242,10 +271,8 @@ class StoreReaders:
 
         Every array's metadata is checked against the allowlist before zarr opens it.
         """
+        import dask
         import dask.array as da
-        import zarr
-
-        from .zarr_decode import check_array_metadata, list_arrays, read_metadata
 
         if layout not in _LAYOUTS:
             raise ConfigError(f"layout must be one of {_LAYOUTS}, got {layout!r}.")
@@ -256,16 +283,13 @@ class StoreReaders:
         missing = [b for b in ids if b not in recs]
         if missing:
             raise BatchNotFoundError(f"no committed batches {missing} in store {self.url!r}.")
-        names = list(keys) if keys is not None else list_arrays(self._zstore, recs[ids[0]]["path"])
+        names = list(keys) if keys is not None else self.array_names(recs[ids[0]]["path"])
         parts: dict[str, list[Any]] = {n: [] for n in names}
+        load = dask.delayed(_load_array, pure=False)
         for bid in ids:
             path = recs[bid]["path"]
-            for name, doc in zip(names, read_metadata(self._zstore, path, names)):
-                if doc is None:
-                    raise StoreError(f"batch {bid} ({path!r}) of {self.url!r} has no array "
-                                     f"{name!r}; pass keys= present in every batch.")
-                check_array_metadata(doc, f"batch {bid} ({path!r}), array {name!r}")
-                arr = da.from_zarr(zarr.open_array(self._zstore, path=f"{path}/{name}", mode="r"))
+            for name, lay in self._array_layouts(bid, path, names).items():
+                arr = da.from_delayed(load(self, path, name), shape=lay.shape, dtype=lay.dtype)
                 if layout == "frames":
                     arr = arr.reshape((-1, *arr.shape[2:]))
                 parts[name].append(arr)
@@ -281,6 +305,10 @@ class StoreReaders:
                     f"off that axis ({e}). Use layout='frames', which fits any shapes."
                 ) from e
         return out
+
+
+def _load_array(store: Any, path: str, name: str) -> np.ndarray:
+    return store.load_path(path, keys=[name])[name].numpy()
 
 
 def _ids_per_run() -> int:

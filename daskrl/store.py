@@ -1,21 +1,22 @@
 """The trajectory store: batches as zarr v3 groups under an fsspec URL, made visible by commits.
 
-Layout (see ``docs/store-format.md``)::
+Layout (format 2.0, see ``docs/store-format.md``)::
 
-    <root>/zarr.json                       group; attributes["daskrl"] = format and version
-    <root>/runs/<run:04d>/zarr.json        one group per collector run (its settings)
-    <root>/batches/<id:012d>-<attempt>/    one group per write attempt: arrays [T, E, ...]
-    <root>/commits/<id:012d>/zarr.json     commit record: which attempt is *the* batch
+    <root>/zarr.json                        group; attributes["daskrl"] = format and version
+    <root>/runs/<run:04d>/zarr.json         one group per collector run (its settings)
+    <root>/batches/<id:012d>-<attempt>.zip  one zip container per write attempt: the batch's
+                                            zarr group, arrays [T, E, ...]
+    <root>/commits/<id:012d>/zarr.json      commit record: which attempt is *the* batch
 
-A worker writes every array of a batch under a fresh attempt prefix (on local and shared POSIX
-filesystems in place, with plain file I/O: see :mod:`daskrl.local_io`), then creates the commit
-record with an atomic, exclusive create.  Readers list commits only, so a batch is seen whole or not at
-all, and a retried task's second commit of the same id is detected and dropped.
+A worker writes a batch as one file under a fresh attempt name (on local and shared POSIX
+filesystems in place, with plain file I/O: see :mod:`daskrl.local_io`; elsewhere one put), then
+creates the commit record with an atomic, exclusive create.  Readers list commits only, so a
+batch is seen whole or not at all, and a retried task's second commit of the same id is detected
+and dropped.  Stores of format 1.x (one directory tree per attempt) are still read.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -37,12 +38,16 @@ from .handles import BatchHandle
 from .housekeeping import StoreHousekeeping
 from .readers import StoreReaders
 from .zarr_decode import read_arrays
-from .zarr_encode import encode_array_parts, group_document
+from .zarr_encode import encode_batch
+from .zip_container import ZipFormatError, build_archive, crc32, plan_archive
+from .zip_decode import read_zip_arrays
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "TrajectoryStore", "normalize_url", "open_store"]
 
 FORMAT_NAME = "daskrl.trajectories"
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "2.0"
+READ_MAJORS = (1, 2)
+"""Major format versions this daskrl reads; it writes only :data:`FORMAT_VERSION`'s."""
 BATCH_IDS_PER_RUN = 1_000_000_000
 """Run ``r`` numbers its batches from ``r * BATCH_IDS_PER_RUN``."""
 
@@ -100,6 +105,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         self.read_only = read_only
         self._zstore = _zarr_store(self.url, self.storage_options, read_only)
         self._commits: dict[int, dict[str, Any]] = {}
+        self._format_major: int | None = None
         if storage_options:
             _OPTIONS[self.url] = self.storage_options
 
@@ -146,6 +152,17 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             except OSError as e:
                 raise StoreError(f"cannot create a store at {self.url!r}: {e}") from e
         self.check_format()
+        self._check_write_format()
+
+    def _check_write_format(self) -> None:
+        if self._format_major is None:
+            self.check_format()
+        if self._format_major != int(FORMAT_VERSION.split(".")[0]):
+            raise StoreFormatError(
+                f"store {self.url!r} has format version {self._format_major}.x; this daskrl "
+                f"writes only version {FORMAT_VERSION} (a batch is one zip container). Write "
+                "to a new store; this daskrl still reads this one."
+            )
 
     def check_format(self) -> None:
         """Raise :class:`StoreFormatError` unless this is a daskrl store this version reads."""
@@ -166,11 +183,13 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 f"(root attributes: {root.get('attributes')!r})."
             )
         major = str(info.get("format_version", "")).split(".")[0]
-        if major != FORMAT_VERSION.split(".")[0]:
+        if major not in {str(m) for m in READ_MAJORS}:
             raise StoreFormatError(
                 f"store {self.url!r} has format version {info.get('format_version')!r}; this "
-                f"daskrl reads version {FORMAT_VERSION.split('.')[0]}.x. Upgrade daskrl."
+                f"daskrl reads versions {' and '.join(f'{m}.x' for m in READ_MAJORS)}. "
+                "Upgrade daskrl."
             )
+        self._format_major = int(major)
 
     def register_run(self, settings: Mapping[str, Any]) -> int:
         """Claim the next free run number (exclusive create) and record ``settings``."""
@@ -239,39 +258,63 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         meta: Mapping[str, Any],
         compression: Compression = Compression.ZSTD,
     ) -> tuple[str, bool]:
-        """Write a batch under a fresh attempt prefix, then commit it.
+        """Write a batch as one zip container under a fresh attempt name, then commit it.
 
         Returns ``(path, committed)``: ``committed`` is False when another attempt of the same
-        batch id committed first (this attempt's data is then removed).
+        batch id committed first (this attempt's file is then removed).
         """
         self._check_writable(f"write batch {batch_id}")
-        path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}"
+        self._check_write_format()
+        path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}.zip"
         meta = {**meta, "batch_id": batch_id, "path": path}
-        files: list[tuple[str, list[Any]]] = [(f"{path}/zarr.json", [group_document(meta)])]
-        for name, arr in arrays.items():
-            files.extend(encode_array_parts(f"{path}/{name}", arr, Compression(compression)))
-        proto = default_buffer_prototype()
-
-        async def write_all() -> None:
-            # One concurrent burst: every file of the batch is in place before the commit.
-            await asyncio.gather(*(
-                self._zstore.set(key, proto.buffer.from_bytes(b"".join(parts)))
-                for key, parts in files
-            ))
-
+        entries = encode_batch(meta, arrays, Compression(compression))
         try:
             if isinstance(self._zstore, LocalStore):
                 # In place (the attempt is invisible until committed); see daskrl.local_io.
-                local_io.write_new_files(self._zstore.root, files, local_io.thread_pool())
+                self._write_local(os.path.join(self._zstore.root, path), entries)
             else:
-                sync(write_all())
+                data = b"".join(build_archive(entries).parts)
+                sync(self._zstore.set(path, default_buffer_prototype().buffer.from_bytes(data)))
+        except ZipFormatError as e:
+            raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}.") from e
         except OSError as e:
             raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}") from e
         record = _group_doc(meta)
         committed = self._create_exclusive(f"commits/{batch_id:012d}/zarr.json", record)
         if not committed:
-            self._delete_prefix(path)
+            self._delete_attempt(path)
         return path, committed
+
+    @staticmethod
+    def _write_local(file: str, entries: list[tuple[str, list[Any]]]) -> None:
+        """A container into a new local file: small ones with one ``pwritev``; large ones with
+        their members' data written by the thread pool while their CRC-32s are computed, then
+        the headers and the directory (which need the CRCs)."""
+        total = sum(memoryview(p).nbytes for _, parts in entries for p in parts)
+        if total < _PARALLEL_WRITE_BYTES:
+            local_io.write_new_file(file, build_archive(entries).parts)
+            return
+        pool = local_io.thread_pool()
+        plan = plan_archive(entries)
+        crcs = [pool.submit(crc32, parts) for _, parts in entries]
+
+        def headers() -> list[tuple[int, list[Any]]]:
+            done = [f.result() for f in crcs]
+            heads = [(m.offset, [plan.local_header(m, c)]) for m, c in zip(plan.members, done)]
+            return [*heads, (plan.directory_offset, [plan.trailer(done)])]
+
+        data = [(m.data_offset, parts) for m, (_, parts) in zip(plan.members, entries) if parts]
+        local_io.write_new_file_at(file, data, pool, headers)
+
+    def _delete_attempt(self, path: str) -> None:
+        """Remove an attempt: a container (2.x) or a directory tree (1.x)."""
+        try:
+            if path.endswith(".zip"):
+                sync(self._zstore.delete(path))
+            else:
+                sync(self._zstore.delete_dir(path))
+        except Exception:  # debris only: a garbage collector can remove it later
+            pass
 
     def _delete_prefix(self, path: str) -> None:
         try:
@@ -342,16 +385,19 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
     def load_path(
         self, path: str, device: torch.device | str | None = None, keys: Sequence[str] | None = None
     ) -> dict[str, torch.Tensor]:
-        """Load the batch group at ``path`` (as named by a commit record).
+        """Load the batch at ``path`` (as named by a commit record): a zip container
+        (``.zip``, format 2.x) or a group directory (format 1.x).
 
-        Every array's metadata is checked against the allowlist of
-        :mod:`daskrl.zarr_decode` before any data is read; each array is decoded straight into
-        one tensor (pinned when ``device`` is CUDA) and moved to ``device`` with one copy.
+        The container (:mod:`daskrl.zip_decode`) and every array's metadata (the allowlist of
+        :mod:`daskrl.zarr_decode`) are checked before any data is read; each array is decoded
+        straight into one tensor (pinned when ``device`` is CUDA) and moved to ``device`` with
+        one copy.
         """
         batch_id = _batch_id_of(path)
         where = f"batch {batch_id} ({path!r})" if batch_id is not None else f"batch {path!r}"
+        read = read_zip_arrays if path.endswith(".zip") else read_arrays
         try:
-            out = read_arrays(self._zstore, path, where, keys, device, self.url)
+            out = read(self._zstore, path, where, keys, device, self.url)
         except (KeyError, StoreError):
             self._check_still_committed(batch_id, path)  # deleted under the read?
             raise
@@ -373,6 +419,10 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             )
 
 
+_PARALLEL_WRITE_BYTES = 4 << 20
+"""Local batches at least this large are written by the thread pool while their CRC-32s are
+computed (zlib releases the GIL)."""
+
 _EXCLUSIVE_PROTOCOLS = frozenset({"s3", "s3a", "memory"})
 """fsspec protocols whose ``pipe_file(mode="create")`` is known to be an exclusive create
 (s3fs sends ``If-None-Match: *``); others may ignore the mode and overwrite."""
@@ -390,7 +440,7 @@ def _has_exclusive_create(fs: Any) -> bool:
 
 
 def _batch_id_of(path: str) -> int | None:
-    """Batch id of an attempt path ``batches/<id:012d>-<attempt>`` (None for other paths)."""
+    """Batch id of an attempt path ``batches/<id:012d>-<attempt>[.zip]`` (None for others)."""
     parts = path.split("/")
     if len(parts) == 2 and parts[0] == "batches" and parts[1][:12].isdigit():
         return int(parts[1][:12])

@@ -31,32 +31,35 @@ def _returns_by_batch(records: dict[int, dict[str, Any]]) -> tuple[np.ndarray, n
 
 def summarize(store: Any) -> dict[str, Any]:
     """Summary of a :class:`~daskrl.TrajectoryStore` as plain JSON-able values."""
+    from .housekeeping import ATTEMPT_NAME
     from .zarr_decode import array_nbytes, check_array_metadata, list_arrays, read_metadata
+    from .zip_decode import read_index
 
     records = store.records()
     _, returns = _returns_by_batch(records)
     versions = sorted({int(r["weights_version"]) for r in records.values()})
     lengths = [int(n) for r in records.values() for n in (r.get("episode_lengths") or [])]
-    # bytes: one listing of batches/ gives every attempt's files and sizes
+    # bytes: one listing of batches/ gives every attempt's size
     committed_paths = {r["path"] for r in records.values()}
-    stored = chunks = garbage = 0
-    for key, size, _ in store._files("batches"):
-        parts = key.split("/")
-        attempt = "/".join(parts[:2])
-        if attempt in committed_paths:
-            stored += size
-            if parts[-1] != "zarr.json":
-                chunks += size
-        elif len(parts) > 2 or key.endswith(".partial"):
-            garbage += size
-    raw = 0
+    attempts = store.attempt_sizes()
+    stored = sum(size for path, (size, _) in attempts.items() if path in committed_paths)
+    garbage = sum(size for path, (size, _) in attempts.items()
+                  if path not in committed_paths and ATTEMPT_NAME.fullmatch(path.split("/")[1]))
+    chunks = raw = 0
     for bid, rec in records.items():
         path = rec["path"]
+        where = f"batch {bid} ({path!r})"
+        if path.endswith(".zip"):  # format 2.x: the container's directory has the sizes
+            index, layouts = read_index(store._zstore, path, where, store.url)
+            chunks += index.chunk_bytes
+            raw += sum(math.prod(lay.shape) * lay.dtype.itemsize for lay in layouts.values())
+            continue
         names = list_arrays(store._zstore, path)
         docs = dict(zip(names, read_metadata(store._zstore, path, names)))
         for name, doc in docs.items():
-            check_array_metadata(doc, f"batch {bid} ({path!r}), array {name!r}")
+            check_array_metadata(doc, f"{where}, array {name!r}")
         raw += array_nbytes(docs)
+        chunks += sum(size for key, size, _ in store._files(path) if not key.endswith("zarr.json"))
     last = returns[-100:]
     return {
         "store": store.url,

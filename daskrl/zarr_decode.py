@@ -1,6 +1,8 @@
 """Read a batch's zarr v3 arrays into torch tensors, refusing anything outside an allowlist.
 
-The mirror of :mod:`daskrl.zarr_encode`.  A store may come from anywhere, so its metadata is
+The mirror of :mod:`daskrl.zarr_encode`.  This module reads format 1.x batches (a group
+directory) and holds the allowlist and chunk decoding that :mod:`daskrl.zip_decode` applies to
+the zip containers of format 2.x.  A store may come from anywhere, so its metadata is
 checked before any data is read: zarr format 3, a numeric or bool ``data_type``, a regular chunk
 grid with the default key encoding, and the codec chain ``bytes`` → at most one of ``zstd``,
 ``blosc``, ``gzip`` → optionally ``crc32c``.  Nothing else is interpreted (no pickle, no
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -37,6 +40,7 @@ from zarr.storage import LocalStore
 
 from . import local_io
 from .errors import BatchNotFoundError, StoreError, StoreFormatError
+from .zip_container import ZipFormatError
 
 __all__ = [
     "ALLOWED_CODECS",
@@ -90,6 +94,12 @@ class ArrayLayout:
     @property
     def chunk_nbytes(self) -> int:
         return math.prod(self.chunk_shape) * self.dtype.itemsize
+
+    @functools.cached_property
+    def grid(self) -> tuple[tuple[tuple[str, tuple[slice, ...]], ...], frozenset[str]]:
+        """:meth:`chunks` as a tuple, and the set of their keys (computed once per layout)."""
+        chunks = tuple(self.chunks())
+        return chunks, frozenset(k for k, _ in chunks)
 
     def chunks(self) -> Iterator[tuple[str, tuple[slice, ...]]]:
         """``(key suffix, region of the array)`` of every chunk, in C order."""
@@ -357,6 +367,17 @@ def _read_local(path: Path, layout: ArrayLayout, out: np.ndarray, valid: int) ->
     return True
 
 
+def empty_tensor(shape: tuple[int, ...], dtype: np.dtype, pin: bool) -> torch.Tensor:
+    """An uninitialized CPU tensor to decode into: pinned (for a CUDA target) by torch, else
+    allocated by numpy.  Large numpy buffers come from malloc, which reuses freed memory; torch's
+    allocator maps fresh pages, whose first touch (page faults, and huge-page compaction where
+    transparent huge pages are on) cost more than reading a batch from the page cache."""
+    if pin:
+        return torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=True)
+    return torch.from_numpy(np.empty(shape, dtype))
+
+
+@functools.lru_cache(maxsize=64)
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
@@ -447,8 +468,7 @@ def read_arrays(
             raise KeyError(f"batch {path!r} has no array {name!r}; it has {have}.")
         layouts[name] = _layout(raw, f"{where}, array {name!r}")
     pin = dev.type == "cuda" and torch.cuda.is_available()
-    tensors = {name: torch.empty(lay.shape, dtype=_torch_dtype(lay.dtype), pin_memory=pin)
-               for name, lay in layouts.items()}
+    tensors = {name: empty_tensor(lay.shape, lay.dtype, pin) for name, lay in layouts.items()}
     jobs: list[tuple[str, str, ArrayLayout, np.ndarray, tuple[slice, ...]]] = []
     for name, lay in layouts.items():
         arr = tensors[name].numpy()
@@ -461,22 +481,28 @@ def read_arrays(
         else:
             _run_remote(zstore, jobs, parallel=total >= _PARALLEL_BYTES)
     except _JobError as e:
-        name, key, err = e.args
-        if isinstance(err, ChunkError):
-            raise StoreError(
-                f"cannot read array {name!r} of batch {path!r} in {url!r}: chunk {key!r}: "
-                f"{err}. Restore the file from a copy, or delete the batch."
-            ) from err
-        raise StoreError(
-            f"cannot read array {name!r} of batch {path!r} in {url!r}: {err!r}"
-        ) from err
+        raise read_error(e, path, url) from e.args[2]
     if dev.type == "cpu":
         return tensors
     return {k: t.to(dev) for k, t in tensors.items()}
 
 
 class _JobError(Exception):
-    pass
+    """``(array name, chunk key, error)`` of a chunk that could not be read."""
+
+
+def read_error(e: _JobError, path: str, url: str) -> StoreError:
+    """The error a reader raises for a chunk that failed."""
+    name, key, err = e.args
+    if isinstance(err, ZipFormatError):
+        return StoreFormatError(f"cannot read array {name!r} of batch {path!r} in {url!r}: "
+                                f"chunk {key!r}: {err}. The container is corrupt or was modified.")
+    if isinstance(err, ChunkError):
+        return StoreError(
+            f"cannot read array {name!r} of batch {path!r} in {url!r}: chunk {key!r}: "
+            f"{err}. Restore the file from a copy, or delete the batch."
+        )
+    return StoreError(f"cannot read array {name!r} of batch {path!r} in {url!r}: {err!r}")
 
 
 def _dest(lay: ArrayLayout, arr: np.ndarray, region: tuple[slice, ...]) -> tuple[np.ndarray, bool]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import google_crc32c
@@ -22,7 +22,8 @@ import numpy as np
 
 from .config import Compression
 
-__all__ = ["CHUNK_BYTES", "chunk_rows", "encode_array", "encode_array_parts", "group_document"]
+__all__ = ["CHUNK_BYTES", "chunk_rows", "encode_array", "encode_array_parts", "encode_batch",
+           "group_document"]
 
 CHUNK_BYTES = 8 << 20
 """Target size of one chunk before compression; chunks split the time axis only."""
@@ -138,3 +139,17 @@ def encode_array(path: str, arr: np.ndarray, compression: Compression) -> Iterat
     """
     for key, parts in encode_array_parts(path, arr, compression):
         yield key, b"".join(parts)
+
+
+def encode_batch(
+    attributes: dict[str, Any], arrays: Mapping[str, np.ndarray], compression: Compression
+) -> list[tuple[str, list[Any]]]:
+    """``(key, buffers)`` of a batch group: every array's chunks first, then the documents (the
+    arrays' ``zarr.json`` and the group's, with ``attributes``).  In a zip container the
+    documents then lie next to its central directory, where one read at the end finds both."""
+    chunks: list[tuple[str, list[Any]]] = []
+    docs: list[tuple[str, list[Any]]] = []
+    for name, arr in arrays.items():
+        for key, parts in encode_array_parts(name, arr, compression):
+            (docs if key.endswith("zarr.json") else chunks).append((key, parts))
+    return [*chunks, *docs, ("zarr.json", [group_document(attributes)])]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import sys
 import uuid
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +18,9 @@ import zarr
 import daskrl
 from daskrl import BatchNotFoundError, StoreFormatError
 from daskrl.store import FORMAT_VERSION, TrajectoryStore
+
+sys.path.insert(0, str(Path(__file__).parent))
+from v1_store import create_v1_store, write_v1_batch
 
 
 def _arrays(T=4, E=2, seed=0):
@@ -71,13 +77,16 @@ def test_uncommitted_data_is_invisible(tmp_path):
     url = str(tmp_path / "s")
     w = TrajectoryStore(url, read_only=False)
     w.initialize()
-    # An attempt that died before its commit: data present, no commit record.
-    group = zarr.open_group(str(tmp_path / "s"), mode="a").require_group("batches/000000000003-dead")
+    # Attempts that died before their commit: data present, no commit record.
+    path, _ = w.write_batch(3, _arrays(), _meta())
+    (tmp_path / "s" / "commits" / "000000000003" / "zarr.json").unlink()
+    group = zarr.open_group(str(tmp_path / "s"), mode="a").require_group("batches/000000000004-dead")
     group.create_array("reward", data=np.ones((2, 2), np.float32))
     store = daskrl.open_store(url)
-    assert len(store) == 0
-    with pytest.raises(BatchNotFoundError, match=re.escape("no committed batch 3")):
-        store.load(3)
+    assert len(store) == 0 and (tmp_path / "s" / path).is_file()
+    for bid in (3, 4):
+        with pytest.raises(BatchNotFoundError, match=re.escape(f"no committed batch {bid}")):
+            store.load(bid)
 
 
 def test_handles_are_small_and_carry_no_credentials():
@@ -93,17 +102,34 @@ def test_handles_are_small_and_carry_no_credentials():
     assert handle.load(keys=["reward"])["reward"].shape == (4, 2)  # options found in-process
 
 
-def test_store_holds_no_pickle_and_is_plain_zarr_v3(tmp_path):
+def test_a_batch_is_one_zip_container_readable_with_zarr_alone(tmp_path):
     url = str(tmp_path / "s")
     w = TrajectoryStore(url, read_only=False)
     w.initialize()
-    w.write_batch(0, _arrays(), _meta())
+    arrays = _arrays()
+    path, _ = w.write_batch(0, arrays, _meta())
+    # the whole batch: one file; commit record, root and sub-groups: JSON zarr v3 documents
+    assert re.fullmatch(r"batches/000000000000-[0-9a-f]{12}\.zip", path)
+    assert sorted(p.name for p in (tmp_path / "s" / "batches").iterdir()) == [
+        path.split("/")[1], "zarr.json"]
     for f in (tmp_path / "s").rglob("zarr.json"):
-        doc = json.loads(f.read_text())
-        assert doc["zarr_format"] == 3
+        assert json.loads(f.read_text())["zarr_format"] == 3
     root = zarr.open_group(url, mode="r")
-    assert root.attrs["daskrl"]["format_version"] == FORMAT_VERSION
-    codecs = root["batches"][next(iter(root["batches"].group_keys()))]["reward"].metadata.codecs
+    assert root.attrs["daskrl"]["format_version"] == FORMAT_VERSION == "2.0"
+    with zipfile.ZipFile(tmp_path / "s" / path) as z:
+        assert z.testzip() is None
+        infos = z.infolist()
+        assert {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
+        chunks = {f"{k}/c/0" + "/0" * (a.ndim - 1) for k, a in arrays.items()}
+        assert {i.filename for i in infos} == {"zarr.json", *(f"{k}/zarr.json" for k in arrays),
+                                               *chunks}
+        assert b"pickle" not in z.read("reward/zarr.json")
+    group = zarr.open_group(zarr.storage.ZipStore(tmp_path / "s" / path, mode="r"), mode="r")
+    assert group.attrs["path"] == path and group.attrs["batch_id"] == 0
+    assert sorted(group.array_keys()) == sorted(arrays)
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(group[k][...], v)
+    codecs = group["reward"].metadata.codecs
     assert any(c.__class__.__name__ == "Crc32cCodec" for c in codecs)
 
 
@@ -116,10 +142,44 @@ def test_reader_refuses_other_stores_and_newer_major_versions(tmp_path):
     w = TrajectoryStore(str(tmp_path / "new"), read_only=False)
     w.initialize()
     doc = json.loads((tmp_path / "new" / "zarr.json").read_text())
-    doc["attributes"]["daskrl"]["format_version"] = "2.0"
+    doc["attributes"]["daskrl"]["format_version"] = "3.0"
     (tmp_path / "new" / "zarr.json").write_text(json.dumps(doc))
-    with pytest.raises(StoreFormatError, match=re.escape("format version '2.0'; this daskrl reads version 1.x. Upgrade daskrl.")):
+    with pytest.raises(StoreFormatError, match=re.escape(
+            "format version '3.0'; this daskrl reads versions 1.x and 2.x. Upgrade daskrl.")):
         daskrl.open_store(str(tmp_path / "new"))
+
+
+def test_a_1x_store_is_read_but_not_written(tmp_path):
+    root = tmp_path / "old"
+    create_v1_store(root)
+    arrays = _arrays(T=37)
+    paths = [write_v1_batch(root, bid, arrays, _meta(), compression=c)
+             for bid, c in enumerate(["zstd", "none"])]
+    store = daskrl.open_store(str(root))
+    assert store.batch_ids() == [0, 1] and (root / paths[0] / "reward" / "zarr.json").is_file()
+    for bid in (0, 1):
+        got = store.load(bid)
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(got[k].numpy(), v)
+    assert set(store.load(1, keys=["reward"])) == {"reward"}
+    np.testing.assert_array_equal(store.to_dask(["reward"], layout="time")["reward"].compute(),
+                                  np.concatenate([arrays["reward"]] * 2))
+    msg = ("has format version 1.x; this daskrl writes only version 2.0 (a batch is one zip "
+           "container). Write to a new store; this daskrl still reads this one.")
+    with pytest.raises(StoreFormatError, match=re.escape(msg)):
+        TrajectoryStore(str(root), read_only=False).initialize()
+    with pytest.raises(StoreFormatError, match=re.escape(msg)):  # a worker's store: no initialize
+        TrajectoryStore(str(root), read_only=False).write_batch(2, arrays, _meta())
+    assert sorted(p.name for p in (root / "batches").iterdir()) == sorted(
+        [p.split("/")[1] for p in paths] + ["zarr.json"])
+    # housekeeping of 1.x attempt directories
+    writable = daskrl.open_store(str(root), writable=True)
+    assert writable.delete_batches([0]) == [0] and not (root / paths[0]).exists()
+    dead = root / "batches" / "000000000007-deadbeef0000"
+    (dead / "reward").mkdir(parents=True)
+    (dead / "reward" / "zarr.json").write_text("{}")
+    assert writable.collect_garbage(older_than=0).attempts == (f"batches/{dead.name}",)
+    assert not dead.exists() and store.batch_ids() == [1]
 
 
 def test_runs_get_distinct_numbers(tmp_path):
@@ -129,19 +189,25 @@ def test_runs_get_distinct_numbers(tmp_path):
     assert TrajectoryStore(str(tmp_path / "s"), read_only=False).register_run({}) == 3
 
 
+def _member_data_offset(zip_path, name):
+    with zipfile.ZipFile(zip_path) as z:
+        info = z.getinfo(name)
+    return info.header_offset + 30 + len(name.encode())
+
+
 def test_chunk_corruption_is_detected_on_read(tmp_path):
     url = str(tmp_path / "s")
     w = TrajectoryStore(url, read_only=False)
     w.initialize()
     path, _ = w.write_batch(0, _arrays(), _meta(), compression="none")
-    chunk = next((tmp_path / "s" / path / "observation" / "c").rglob("*"))
-    while chunk.is_dir():
-        chunk = next(chunk.iterdir())
-    raw = bytearray(chunk.read_bytes())
-    raw[5] ^= 0xFF
-    chunk.write_bytes(bytes(raw))
-    with pytest.raises(daskrl.StoreError, match="array 'observation' of batch"):
+    zpath = tmp_path / "s" / path
+    raw = bytearray(zpath.read_bytes())
+    raw[_member_data_offset(zpath, "observation/c/0/0/0") + 5] ^= 0xFF
+    zpath.write_bytes(bytes(raw))
+    with pytest.raises(daskrl.StoreError, match=re.escape("array 'observation' of batch") + ".*"
+                       + re.escape("chunk 'observation/c/0/0/0': crc32c mismatch")):
         daskrl.open_store(url).load(0)
+    assert daskrl.open_store(url).load(0, keys=["reward"])["reward"].shape == (4, 2)
 
 
 @pytest.mark.parametrize("compression", ["zstd", "lz4", "none"])
@@ -193,10 +259,29 @@ def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compress
     np.testing.assert_array_equal(zarr.open_array(mine, path="a", mode="r")[...], arr)
 
 
+def test_a_large_batch_is_written_by_the_pool_and_read_whole(tmp_path):
+    """Above 4 MiB the container's data is written by the thread pool while its CRC-32s are
+    computed, headers last; several 8 MiB chunks per array, read in parallel."""
+    rng = np.random.default_rng(5)
+    arrays = {"observation": rng.integers(0, 255, (80, 4, 84, 84, 4), dtype=np.uint8),
+              "reward": rng.standard_normal((80, 4)).astype(np.float32)}
+    url = str(tmp_path / "s")
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    for bid, compression in enumerate(["none", "zstd"]):
+        path, _ = w.write_batch(bid, arrays, _meta(), compression=compression)
+        with zipfile.ZipFile(tmp_path / "s" / path) as z:
+            assert z.testzip() is None
+            assert len([n for n in z.namelist() if n.startswith("observation/c/")]) == 2
+        got = daskrl.open_store(url).load(bid)
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(got[k].numpy(), v)
+
+
 def test_a_read_only_store_refuses_writes(tmp_path):
     url = str(tmp_path / "s")
     TrajectoryStore(url, read_only=False).initialize()
     r = daskrl.open_store(url)
     with pytest.raises(daskrl.StoreError, match=re.escape("cannot write batch 0: store")):
         r.write_batch(0, _arrays(), _meta())
-    assert not (tmp_path / "s" / "batches" / "000000000000").exists() and len(r) == 0
+    assert [p.name for p in (tmp_path / "s" / "batches").iterdir()] == ["zarr.json"] and len(r) == 0

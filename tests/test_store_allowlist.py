@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,9 @@ from daskrl import StoreFormatError
 from daskrl.store import TrajectoryStore
 from daskrl.testing import TagPolicy
 from daskrl.zarr_decode import ALLOWED_DATA_TYPES, check_array_metadata
+
+sys.path.insert(0, str(Path(__file__).parent))
+from v1_store import create_v1_store, write_v1_batch
 
 
 def _arrays(T=6, E=2, seed=0):
@@ -33,19 +38,42 @@ def _meta(T=6, E=2):
             "episode_returns": [], "episode_lengths": [], "shape": [T, E]}
 
 
-@pytest.fixture
-def written(tmp_path):
+@pytest.fixture(params=["2.0", "1.0"])
+def written(tmp_path, request):
+    """``(store root, batch path)`` of one uncompressed batch in a store of either format."""
+    if request.param == "1.0":
+        create_v1_store(tmp_path / "s")
+        return tmp_path / "s", write_v1_batch(tmp_path / "s", 0, _arrays(), _meta(), "none")
     w = TrajectoryStore(str(tmp_path / "s"), read_only=False)
     w.initialize()
     path, _ = w.write_batch(0, _arrays(), _meta(), compression="none")
     return tmp_path / "s", path
 
 
+def _replace(root: Path, path: str, key: str, data: bytes) -> None:
+    """Replace the file ``key`` of a batch: a member of its container, or a 1.x file."""
+    if not path.endswith(".zip"):
+        (root / path / key).write_bytes(data)
+        return
+    with zipfile.ZipFile(root / path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    (root / path).unlink()
+    with zipfile.ZipFile(root / path, "w") as z:  # stored, as zipfile writes it
+        for name, value in (members | {key: data}).items():
+            z.writestr(name, value)
+
+
+def _read(root: Path, path: str, key: str) -> bytes:
+    if not path.endswith(".zip"):
+        return (root / path / key).read_bytes()
+    with zipfile.ZipFile(root / path) as z:
+        return z.read(key)
+
+
 def _tamper(root: Path, path: str, name: str, **changes):
-    f = root / path / name / "zarr.json"
-    doc = json.loads(f.read_text())
+    doc = json.loads(_read(root, path, f"{name}/zarr.json"))
     doc.update(changes)
-    f.write_text(json.dumps(doc))
+    _replace(root, path, f"{name}/zarr.json", json.dumps(doc).encode())
 
 
 @pytest.mark.parametrize(("changes", "problem"), [
@@ -80,9 +108,7 @@ def test_refusal_comes_before_any_data_is_read(written):
     root, path = written
     _tamper(root, path, "reward", codecs=[{"name": "bytes"}, {"name": "evil.codec"}])
     # 'observation' sorts first: were data read array by array, its corrupt chunk would fail first
-    chunk = next(p for p in (root / path / "observation").rglob("*") if p.is_file()
-                 and p.name != "zarr.json")
-    chunk.write_bytes(b"garbage")
+    _replace(root, path, "observation/c/0/0/0", b"garbage")
     with pytest.raises(StoreFormatError, match=re.escape("array 'reward': codec")):
         daskrl.open_store(str(root)).load(0)
 
@@ -99,18 +125,23 @@ def test_allowlist_accepts_exactly_numeric_and_bool_types():
             check_array_metadata({**base, "data_type": bad}, "x")
 
 
+@pytest.mark.parametrize("container", [False, True])
 @pytest.mark.parametrize("compressor", [
     None, zarr.codecs.GzipCodec(level=1), zarr.codecs.ZstdCodec(level=3),
     zarr.codecs.BloscCodec(cname="zstd", clevel=2, shuffle="bitshuffle", typesize=8),
 ])
-def test_reads_what_zarr_python_writes_within_the_allowlist(tmp_path, compressor):
-    """Big-endian data, chunks split along every axis, padded edges, missing (fill) chunks."""
+def test_reads_what_zarr_python_writes_within_the_allowlist(tmp_path, compressor, container):
+    """Big-endian data, chunks split along every axis, padded edges, missing (fill) chunks; in a
+    zip container written by zarr's ZipStore, or as a (1.x) group directory."""
     url = str(tmp_path / "s")
     w = TrajectoryStore(url, read_only=False)
     w.initialize()
-    root = zarr.open_group(url, mode="a")
-    path = "batches/000000000005-handmade"
-    group = root.require_group(path)
+    path = "batches/000000000005-handmade" + (".zip" if container else "")
+    if container:
+        zstore = zarr.storage.ZipStore(tmp_path / "s" / path, mode="w")
+        group = zarr.open_group(zstore, mode="w")
+    else:
+        group = zarr.open_group(url, mode="a").require_group(path)
     rng = np.random.default_rng(1)
     data = {
         "obs": (rng.standard_normal((7, 3, 5)) * 100).astype(">f8"),
@@ -125,6 +156,10 @@ def test_reads_what_zarr_python_writes_within_the_allowlist(tmp_path, compressor
             serializer=zarr.codecs.BytesCodec(endian="big") if a.dtype.itemsize > 1 else "auto",
         )
         arr[...] = a
+    if container:
+        zstore.close()
+        with zipfile.ZipFile(tmp_path / "s" / path) as z:
+            assert "flag/c/0/0" not in z.namelist() and "flag/c/2/1" in z.namelist()
     meta = _meta(7, 3) | {"path": path, "batch_id": 5}
     (tmp_path / "s" / "commits" / "000000000005").mkdir()
     (tmp_path / "s" / "commits" / "000000000005" / "zarr.json").write_text(
@@ -141,26 +176,33 @@ def test_a_real_store_holds_only_json_and_allowlisted_numeric_chunks(tmp_path, i
                           envs_per_worker=2, frames_per_batch=20, total_frames=40) as c:
         list(c)
     root = tmp_path / "store"
+    docs: dict[str, bytes] = {}  # every JSON document: store files and container members
+    chunks: dict[str, bytes] = {}
+    for f in (p for p in root.rglob("*") if p.is_file()):
+        key = f.relative_to(root).as_posix()
+        if f.suffix == ".zip":
+            assert key.startswith("batches/")
+            with zipfile.ZipFile(f) as z:
+                assert z.testzip() is None
+                for name in z.namelist():
+                    (docs if name.endswith("zarr.json") else chunks)[f"{key}/{name}"] = z.read(name)
+        else:
+            assert f.name == "zarr.json", key  # nothing but JSON outside the containers
+            docs[key] = f.read_bytes()
     array_dirs = set()
-    files = [p for p in root.rglob("*") if p.is_file()]
-    for f in files:
-        if f.name == "zarr.json":
-            text = f.read_text()
-            doc = json.loads(text)  # JSON, nothing else
-            assert "pickle" not in text.lower()
-            if doc["node_type"] == "array":
-                check_array_metadata(doc, str(f))
-                array_dirs.add(f.parent)
-            else:
-                assert doc == {"zarr_format": 3, "node_type": "group",
-                               "attributes": doc["attributes"]}
+    for key, text in docs.items():
+        doc = json.loads(text)  # JSON, nothing else
+        assert b"pickle" not in text.lower()
+        if doc["node_type"] == "array":
+            check_array_metadata(doc, key)
+            array_dirs.add(key.rsplit("/", 1)[0])
+        else:
+            assert doc == {"zarr_format": 3, "node_type": "group",
+                           "attributes": doc["attributes"]}
     assert len(array_dirs) >= 2 * 9
-    for f in files:
-        if f.name != "zarr.json":  # a chunk: under <array>/c/
-            rel = f.relative_to(root).parts
-            i = rel.index("c")
-            assert root.joinpath(*rel[:i]) in array_dirs, f
-            assert not f.read_bytes().startswith(b"\x80\x04\x95"), f  # no pickle stream
+    for key, data in chunks.items():  # a chunk: under <array>/c/
+        assert key[:key.index("/c/")] in array_dirs, key
+        assert not data.startswith(b"\x80\x04\x95"), key  # no pickle stream
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
@@ -176,16 +218,18 @@ def test_multi_chunk_arrays_with_a_padded_edge_round_trip(tmp_path, monkeypatch,
     arrays = {"observation": rng.standard_normal((37, 5, 10)).astype(np.float32),
               "step": np.arange(37 * 5, dtype=np.int64).reshape(37, 5)}
     path, _ = w.write_batch(0, arrays, _meta(37, 5), compression=compression)
-    chunks = sorted((tmp_path / "s" / path / "observation" / "c").rglob("0"))
-    assert len(list((tmp_path / "s" / path / "observation" / "c").iterdir())) == 2
+    with zipfile.ZipFile(tmp_path / "s" / path) as z:
+        chunks = sorted(n for n in z.namelist() if n.startswith("observation/c/"))
+        edge = z.getinfo("observation/c/1/0/0")
+    assert chunks == ["observation/c/0/0/0", "observation/c/1/0/0"]
     got = daskrl.open_store(url).load(0)
     for k, v in arrays.items():
         np.testing.assert_array_equal(got[k].numpy(), v)
     if compression == "none":  # flip a byte of the edge chunk's padding: still detected
-        edge = next(p for p in chunks if p.parts[-3] == "1")
-        raw = bytearray(edge.read_bytes())
-        raw[-6] ^= 0x01
-        edge.write_bytes(bytes(raw))
+        zpath = tmp_path / "s" / path
+        raw = bytearray(zpath.read_bytes())
+        raw[edge.header_offset + 30 + len(edge.filename) + edge.file_size - 6] ^= 0x01
+        zpath.write_bytes(bytes(raw))
         with pytest.raises(daskrl.StoreError, match=re.escape("crc32c mismatch")):
             daskrl.open_store(url).load(0)
 

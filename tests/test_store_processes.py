@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -76,9 +77,10 @@ def test_concurrent_writer_processes_and_a_duplicate_commit(tmp_path):
     assert wins[4] | wins[5] == set(range(300, 306)) and not wins[4] & wins[5]
     for bid in range(300, 306):
         assert int(store.records()[bid]["weights_version"]) == (4 if bid in wins[4] else 5)
-    # the losers removed their own attempts: one attempt directory per batch remains
-    attempts = [p.name for p in (tmp_path / "store" / "batches").iterdir() if p.is_dir()]
-    assert sorted(int(a[:12]) for a in attempts) == store.batch_ids()
+    # the losers removed their own attempts: one container per batch remains, the committed one
+    attempts = sorted(p.name for p in (tmp_path / "store" / "batches").iterdir()
+                      if p.name != "zarr.json")
+    assert attempts == sorted(store.records()[b]["path"].split("/")[1] for b in store.batch_ids())
     assert len(store.runs()) == 0 and store.frames == 18 * 32 * 4
 
 
@@ -113,7 +115,9 @@ def test_killed_writer_leaves_no_visible_batch_and_gc_spares_running_writers(tmp
     p.communicate(timeout=60)
     assert p.returncode == -signal.SIGKILL
     debris = [d for d in (root / "batches").iterdir() if d.name.startswith("000000000008-")]
-    assert len(debris) == 1 and (debris[0] / "observation" / "zarr.json").exists()
+    assert len(debris) == 1 and debris[0].suffix == ".zip"
+    with zipfile.ZipFile(debris[0]) as z:  # written whole before the commit began
+        assert z.testzip() is None and "observation/zarr.json" in z.namelist()
     [partial] = (root / "commits" / "000000000008").glob("zarr.*.partial")
     assert store.batch_ids() == [1, 7] and len(store) == 2
     report = w.collect_garbage(older_than=0)
@@ -158,7 +162,7 @@ def test_pruning_under_a_running_writer_then_sigkill_at_a_random_moment(tmp_path
         _check_batch_whole(store, bid)
     w = TrajectoryStore(url, read_only=False)
     w.collect_garbage(older_than=0)
-    left = sorted(d.name for d in (root / "batches").iterdir() if d.is_dir())
+    left = sorted(d.name for d in (root / "batches").iterdir() if d.name != "zarr.json")
     assert left == sorted(store.records()[b]["path"].split("/")[1] for b in ids)
     assert not list(root.rglob("*.partial"))
     for bid in ids:

@@ -77,6 +77,22 @@ def test_write_read_and_handles_without_credentials(s3):
                            endpoint_url=options["endpoint_url"])
     assert [p.rsplit("/", 1)[1] for p in fs.ls(f"{url[5:]}/batches")
             if not p.endswith("zarr.json")] == [path.split("/")[1]]
+    assert path.endswith(".zip") and fs.info(f"{url[5:]}/{path}")["type"] == "file"
+    # a batch larger than the reader's first (suffix) request: its chunks come by range requests
+    big = batch_arrays(4, 3, width=8192)  # 4 MiB of observations, one chunk
+    w.write_batch(4, big, meta(3), compression="none")
+    got = store.load(4)
+    for k, v in big.items():
+        np.testing.assert_array_equal(got[k].numpy(), v)
+    assert set(store.load(4, keys=["reward"])) == {"reward"}
+    # zarr alone reads a container in place through fsspec's zip:: chaining (docs/store-format.md)
+    import zarr
+
+    root = zarr.open_group(url, mode="r", storage_options=options)
+    assert root.attrs["daskrl"]["format_version"] == "2.0"
+    group = zarr.open_group(f"zip::{url}/{path}", mode="r", storage_options={"s3": options})
+    assert group.attrs["batch_id"] == 3
+    np.testing.assert_array_equal(group["observation"][...], batch_arrays(3, 1)["observation"])
 
 
 def test_processes_race_on_s3_and_a_polling_reader_sees_new_batches(s3, tmp_path):
@@ -138,11 +154,14 @@ def test_collector_on_s3_then_readers_and_housekeeping(s3, inproc_client):
     ids = store.batch_ids()
     assert writable.keep_last(2) == ids[:2] and store.batch_ids() == ids[2:]
     fs = writable._zstore.fs
-    dead = f"{url[5:]}/batches/{ids[-1] + 1:012d}-deadbeef0000"
+    dead = f"{url[5:]}/batches/{ids[-1] + 1:012d}-deadbeef0000.zip"
+    old = f"{url[5:]}/batches/{ids[-1] + 2:012d}-deadbeef0000"  # a 1.x attempt directory
     from zarr.core.sync import sync
 
-    sync(fs._pipe_file(f"{dead}/zarr.json", b"{}"))
-    assert writable.collect_garbage(older_than=3600).kept == (dead.split("/", 2)[2],)
+    sync(fs._pipe_file(dead, b"PK\x05\x06" + bytes(18)))
+    sync(fs._pipe_file(f"{old}/zarr.json", b"{}"))
+    garbage = (dead.split("/", 2)[2], old.split("/", 2)[2])
+    assert writable.collect_garbage(older_than=3600).kept == garbage
     report = writable.collect_garbage(older_than=0)
-    assert report.attempts == (dead.split("/", 2)[2],)
+    assert report.attempts == garbage and report.bytes == 22 + 2
     assert store.batch_ids() == ids[2:] and store.load(ids[-1])["reward"].shape == (6, 2)

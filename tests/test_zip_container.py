@@ -1,0 +1,269 @@
+"""Batch containers (store format 2.x): the zip writer against Python's zipfile and zarr's
+ZipStore, and the reader's refusal of every container it did not write."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+import zarr
+import zarr.codecs
+from zarr.core.buffer import default_buffer_prototype
+from zarr.storage import MemoryStore, ZipStore
+
+import daskrl
+from daskrl import StoreFormatError, zip_container, zip_decode
+from daskrl.store import TrajectoryStore
+
+
+def _arrays(T=6, E=2, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "observation": rng.standard_normal((T, E, 3)).astype(np.float32),
+        "reward": rng.standard_normal((T, E)).astype(np.float32),
+        "terminated": rng.random((T, E)) < 0.3,
+    }
+
+
+def _meta(T=6, E=2):
+    return {"frames": T * E, "weights_version": 0, "worker": "w", "device": "cpu",
+            "episode_returns": [], "episode_lengths": [], "shape": [T, E]}
+
+
+def _write(tmp_path, arrays=None, compression="none"):
+    url = str(tmp_path / "s")
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    arrays = arrays if arrays is not None else _arrays()
+    T, E = next(iter(arrays.values())).shape[:2]
+    path, _ = w.write_batch(0, arrays, _meta(T, E), compression=compression)
+    return url, tmp_path / "s" / path, path
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
+def test_members_are_byte_identical_to_zarr_python(tmp_path, monkeypatch, compression):
+    """The zip's members are exactly the files zarr-python writes for the same arrays (several
+    chunks, a padded edge chunk); zipfile and zarr's ZipStore read the container."""
+    from daskrl import zarr_encode
+
+    monkeypatch.setattr(zarr_encode, "CHUNK_BYTES", 4096)
+    rng = np.random.default_rng(2)
+    arrays = {"observation": rng.standard_normal((37, 5, 10)).astype(np.float32),
+              "action": rng.integers(0, 4, (37, 5)).astype(np.int64),
+              "done": rng.random((37, 5)) < 0.1}
+    _, zpath, path = _write(tmp_path, arrays, compression)
+    comp = {"zstd": [zarr.codecs.ZstdCodec(level=1)], "none": []}
+    ref_store = MemoryStore()
+    for name, a in arrays.items():
+        c = comp.get(compression) or ([zarr.codecs.BloscCodec(
+            cname="lz4", clevel=1, shuffle="shuffle", typesize=a.dtype.itemsize)]
+            if compression == "lz4" else [])
+        ref = zarr.create_array(ref_store, name=name, shape=a.shape, dtype=a.dtype,
+                                chunks=(zarr_encode.chunk_rows(a), *a.shape[1:]),
+                                compressors=[*c, zarr.codecs.Crc32cCodec()], fill_value=0,
+                                dimension_names=("time", "env", *[None] * (a.ndim - 2)),
+                                config={"write_empty_chunks": True})
+        ref[...] = a
+
+    async def items():
+        return {k: (await ref_store.get(k, default_buffer_prototype())).to_bytes()
+                async for k in ref_store.list_prefix("")}
+
+    theirs = {k: v for k, v in asyncio.run(items()).items() if k != "zarr.json"}
+    with zipfile.ZipFile(zpath) as z:
+        assert z.testzip() is None
+        ours = {n: z.read(n) for n in z.namelist()}
+    assert json.loads(ours.pop("zarr.json"))["attributes"]["path"] == path
+    assert set(ours) == set(theirs) and len(ours) > 2 * len(arrays)
+    for key, data in ours.items():
+        if key.endswith("zarr.json"):
+            assert json.loads(data) == json.loads(theirs[key]), key
+        else:
+            assert data == theirs[key], key
+    group = zarr.open_group(ZipStore(zpath, mode="r"), mode="r")
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(group[name][...], a)
+
+
+def test_zero_size_large_and_unicode_members_and_zip64_records(tmp_path):
+    big = np.random.default_rng(0).integers(0, 255, (5 << 20) + 3, dtype=np.uint8)
+    entries = [("empty", []), ("big/c/0", [big[:100], big[100:]]), ("ünï/zarr.json", [b"{}"]),
+               ("also-empty", [b""])]
+    for force in (False, True):
+        archive = zip_container.build_archive(entries, force_zip64=force)
+        f = tmp_path / f"a{force}.zip"
+        f.write_bytes(b"".join(bytes(memoryview(p).cast("B")) for p in archive.parts))
+        assert archive.size == f.stat().st_size
+        with zipfile.ZipFile(f) as z:
+            assert z.testzip() is None
+            assert z.namelist() == [n for n, _ in entries]
+            assert z.read("big/c/0") == big.tobytes() and z.read("empty") == b""
+            assert z.read("ünï/zarr.json") == b"{}"
+        data = f.read_bytes()
+        d = zip_container.find_directory(data[-4096:], len(data) - 4096, len(data))
+        members, crcs = zip_container.parse_directory(data[d.offset:d.offset + d.size], d)
+        by_name = {m.name: m for m in members}
+        m = by_name["big/c/0"]
+        assert data[m.data_offset:m.end] == big.tobytes() and crcs[m.name] == archive.crcs[1]
+        assert by_name["empty"].size == 0
+        assert (b"PK\x06\x06" in data[-200:]) == force  # ZIP64 end record only when asked
+
+
+def test_more_than_65535_members_use_zip64_end_records(tmp_path):
+    n = 70_000
+    archive = zip_container.build_archive([(f"m{i}", []) for i in range(n)])
+    f = tmp_path / "many.zip"
+    f.write_bytes(b"".join(archive.parts))
+    with zipfile.ZipFile(f) as z:
+        assert len(z.infolist()) == n and z.infolist()[-1].filename == f"m{n - 1}"
+    data = f.read_bytes()
+    d = zip_container.find_directory(data[-100:], len(data) - 100, len(data))
+    assert d.count == n
+    members, _ = zip_container.parse_directory(data[d.offset:d.offset + d.size], d)
+    assert len(members) == n
+
+
+def test_crc32_is_zips_whatever_implementation_computes_it():
+    import zlib
+
+    data = np.random.default_rng(1).integers(0, 255, (1 << 20) + 7, dtype=np.uint8)
+    parts = [data[:5], memoryview(data[5:1000]), bytes(data[1000:]), bytearray(b"")]
+    assert zip_container.crc32(parts) == zlib.crc32(data.tobytes())
+    assert zip_container.crc32_update(data[9:], zip_container.crc32_update(data[:9])) == zlib.crc32(data)
+
+
+def test_the_writer_refuses_what_it_cannot_write():
+    with pytest.raises(zip_container.ZipFormatError, match=re.escape("member name '../x' is not a relative POSIX path")):
+        zip_container.build_archive([("../x", [b""])])
+    with pytest.raises(zip_container.ZipFormatError, match=re.escape("member name 'a' occurs twice")):
+        zip_container.build_archive([("a", [b""]), ("a", [b""])])
+
+
+# -- the reader refuses containers it did not write --------------------------------------------
+def _central(data: bytes):
+    """``{name: offset of its central directory entry}``."""
+    cd_size, cd_offset = struct.unpack_from("<II", data, len(data) - 22 + 12)
+    out, pos = {}, cd_offset
+    while pos < cd_offset + cd_size:
+        nlen, xlen, clen = struct.unpack_from("<HHH", data, pos + 28)
+        out[data[pos + 46:pos + 46 + nlen].decode()] = pos
+        pos += 46 + nlen + xlen + clen
+    return out
+
+
+def _patch(zpath, name, field_offset, fmt, value):
+    data = bytearray(zpath.read_bytes())
+    struct.pack_into(fmt, data, _central(bytes(data))[name] + field_offset, value)
+    zpath.write_bytes(bytes(data))
+
+
+def _rewrite(zpath, members: dict, compression=zipfile.ZIP_STORED):
+    zpath.unlink()
+    with zipfile.ZipFile(zpath, "w", compression=compression) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+
+
+def _members(zpath):
+    with zipfile.ZipFile(zpath) as z:
+        return {n: z.read(n) for n in z.namelist()}
+
+
+def _refused(url, path, problem):
+    with pytest.raises(StoreFormatError, match=re.escape(f"batch 0 ({path!r})") + ".*"
+                       + re.escape(problem)):
+        daskrl.open_store(url).load(0)
+
+
+@pytest.mark.parametrize(("tamper", "problem"), [
+    (lambda z: _patch(z, "reward/zarr.json", 8, "<H", 0x0001),
+     "member b'reward/zarr.json' has flags 0x0001 (encrypted"),
+    (lambda z: _patch(z, "observation/c/0/0/0", 8, "<H", 0x0008),
+     "member b'observation/c/0/0/0' has flags 0x0008 (encrypted, a data descriptor"),
+    (lambda z: _rewrite(z, _members(z), zipfile.ZIP_DEFLATED),
+     "member b'observation/c/0/0/0' is compressed (method 8)"),
+    (lambda z: _rewrite(z, {**_members(z), "../escape": b"x"}),
+     "member name '../escape' is not a relative POSIX path"),
+    (lambda z: _rewrite(z, {**_members(z), "/abs/zarr.json": b"x"}),
+     "member name '/abs/zarr.json' is not a relative POSIX path"),
+    (lambda z: _rewrite(z, {**_members(z), "notes.txt": b"x"}),
+     "unexpected zip member 'notes.txt'"),
+    (lambda z: _rewrite(z, {**_members(z), "reward/c/7/0": b"x"}),
+     "zip members ['reward/c/7/0'] are not chunks of its grid"),
+    (lambda z: _rewrite(z, {**_members(z), "ghost/c/0/0": b"x"}),
+     "zip members ['c/0/0'] of array 'ghost' have no zarr.json"),
+    (lambda z: _patch(z, "reward/c/0/0", 42, "<I", 0),
+     "overlaps the member before it"),
+    (lambda z: _patch(z, "zarr.json", 42, "<I", 1 << 30),
+     "past the start of the central directory"),
+    (lambda z: _patch(z, "zarr.json", 20, "<I", 1 << 30),
+     "sizes 1073741824 != "),
+    (lambda z: z.write_bytes(z.read_bytes() + b"trailing"),
+     "no end of central directory record in the last 22 bytes"),
+    (lambda z: z.write_bytes(b"junk" + z.read_bytes()),
+     "the end records describe an archive of"),
+    (lambda z: z.write_bytes(z.read_bytes()[:-30]),
+     "no end of central directory record"),
+])
+def test_the_reader_refuses_unexpected_containers(tmp_path, tamper, problem):
+    url, zpath, path = _write(tmp_path)
+    tamper(zpath)
+    _refused(url, path, problem)
+
+
+def test_zipfile_written_containers_are_read_and_docs_checked(tmp_path):
+    """A container rewritten by zipfile (other header fields, same members) still reads; a
+    tampered document in it is refused by the allowlist; a flipped data byte is detected."""
+    url, zpath, path = _write(tmp_path)
+    members = _members(zpath)
+    _rewrite(zpath, members)
+    got = daskrl.open_store(url).load(0)
+    for k, v in _arrays().items():
+        np.testing.assert_array_equal(got[k].numpy(), v)
+    doc = json.loads(members["reward/zarr.json"])
+    doc["codecs"].append({"name": "numcodecs.pickle"})
+    _rewrite(zpath, {**members, "reward/zarr.json": json.dumps(doc).encode()})
+    _refused(url, path, "array 'reward': codec {'name': 'numcodecs.pickle'} is not allowed")
+    data = bytearray(zpath.read_bytes())
+    start = data.index(b"reward/zarr.json") + len("reward/zarr.json")  # its local header's name
+    data[start + 10] ^= 0x01  # a byte of the document: its zip CRC-32 no longer matches
+    zpath.write_bytes(bytes(data))
+    with pytest.raises(StoreFormatError, match=re.escape("zip member 'reward/zarr.json' fails "
+                                                         "its CRC-32")):
+        daskrl.open_store(url).load(0, keys=["reward"])
+
+
+def test_a_small_container_cannot_make_the_reader_allocate_without_bound(tmp_path):
+    url, zpath, path = _write(tmp_path)
+    members = _members(zpath)
+    doc = json.loads(members["reward/zarr.json"])
+    doc["shape"] = [1 << 26, 1 << 10]  # 256 GiB of float32, chunks absent: all fill
+    doc["chunk_grid"]["configuration"]["chunk_shape"] = [1 << 16, 1 << 10]
+    _rewrite(zpath, {k: v for k, v in members.items() if not k.startswith("reward/c")}
+             | {"reward/zarr.json": json.dumps(doc).encode()})
+    size = zpath.stat().st_size
+    _refused(url, path, f"its arrays would decode to {(1 << 36) * 4 + 6 * 2 * 13} bytes from a "
+                        f"container of {size} bytes (more than {zip_decode.MAX_EXPANSION}x")
+    assert daskrl.open_store(url).load(0, keys=["terminated"])["terminated"].shape == (6, 2)
+
+
+def test_a_missing_container_is_a_batch_not_found(tmp_path):
+    url, zpath, path = _write(tmp_path)
+    zpath.unlink()
+    with pytest.raises(daskrl.BatchNotFoundError, match=re.escape(f"batch data {path!r} is missing")):
+        daskrl.open_store(url).load(0)
+
+
+def test_a_grid_of_mostly_absent_chunks_is_refused(tmp_path):
+    url, zpath, path = _write(tmp_path)
+    members = _members(zpath)
+    doc = json.loads(members["reward/zarr.json"])
+    doc["shape"] = [1 << 20, 2]  # 8 MiB: within the size bound, but a million 1-row chunks
+    doc["chunk_grid"]["configuration"]["chunk_shape"] = [1, 2]
+    _rewrite(zpath, members | {"reward/zarr.json": json.dumps(doc).encode()})
+    _refused(url, path, f"its arrays have {(1 << 20) + 2} chunks, the container 3 chunk members")
