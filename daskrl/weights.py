@@ -19,10 +19,10 @@ import pickletools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import torch
 
+from .checksums import crc32c
 from .errors import PolicyError, WeightsIntegrityError
 
 __all__ = ["PolicySpec", "WeightsSnapshot", "load_weights", "policy_spec", "snapshot"]
@@ -40,12 +40,11 @@ def _dtype_from_name(name: str) -> torch.dtype:
 
 
 def _crc(arr: np.ndarray) -> int:
-    return int(google_crc32c.value(readonly_bytes(arr)))
+    return int(crc32c(readonly_bytes(arr)))
 
 
 def readonly_bytes(arr: np.ndarray) -> np.ndarray:
-    """A read-only flat ``uint8`` view of a contiguous array (google_crc32c takes read-only
-    buffers only); no copy."""
+    """A read-only flat ``uint8`` view of a contiguous array; no copy."""
     view = arr.reshape(-1).view(np.uint8)
     view.flags.writeable = False
     return view
@@ -64,7 +63,7 @@ def copy_with_crc(dst: np.ndarray, src: np.ndarray) -> int:
     crc = 0
     for i in range(0, d.size, CRC_BLOCK):
         np.copyto(d[i:i + CRC_BLOCK], s[i:i + CRC_BLOCK])
-        crc = google_crc32c.extend(crc, check[i:i + CRC_BLOCK])
+        crc = crc32c(check[i:i + CRC_BLOCK], crc)
     return int(crc)
 
 

@@ -35,10 +35,10 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 
-import google_crc32c
 import numpy as np
 import torch
 
+from .checksums import crc32c
 from .errors import PolicyError, WeightsIntegrityError, WeightsNotSharedError
 from .weights import (
     WeightsSnapshot,
@@ -357,7 +357,7 @@ class SharedWeightsReader:
                 if dst.device.type == "cpu" and dst.is_contiguous():
                     got = copy_with_crc(_as_numpy(dst.detach()), src)
                 else:
-                    got = int(google_crc32c.value(src))
+                    got = int(crc32c(src))
                     with warnings.catch_warnings():  # read-only source: only read from
                         warnings.simplefilter("ignore", UserWarning)
                         host = torch.frombuffer(mm, dtype=td, count=int(np.prod(shape)),

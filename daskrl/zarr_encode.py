@@ -16,10 +16,10 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import google_crc32c
 import numcodecs
 import numpy as np
 
+from .checksums import crc32c
 from .config import Compression
 
 __all__ = ["CHUNK_BYTES", "chunk_rows", "encode_array", "encode_array_parts", "encode_batch",
@@ -89,7 +89,7 @@ def _encode_chunk(chunk: np.ndarray, compression: Compression, pad_rows: int = 0
     crc = 0
     for i, part in enumerate(parts):
         buf = np.frombuffer(part, np.uint8) if not isinstance(part, np.ndarray) else part
-        crc = google_crc32c.value(buf) if i == 0 else google_crc32c.extend(crc, buf)
+        crc = crc32c(buf, crc if i else 0)
     parts.append(np.uint32(crc).astype("<u4").tobytes())
     return parts
 

@@ -29,7 +29,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import torch
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
@@ -38,6 +37,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from . import zip_container as zc
+from .checksums import crc32c
 from .errors import BatchNotFoundError, StoreFormatError
 from .zarr_decode import (
     _CRC_BLOCK,
@@ -459,7 +459,7 @@ def _check_raw(head: Any, dest: np.ndarray, rest: bytearray, m: zc.Member, crc: 
     """Check a raw chunk read as header, data in place, and the rest (padding, crc32c)."""
     zc.check_local_header(head, m, crc)
     if lay.checksum:
-        _check_crc32c(google_crc32c.value(dest), rest)
+        _check_crc32c(crc32c(dest), rest)
     elif zc.crc32_update(rest, zc.crc32_update(dest)) != crc:
         raise ChunkError("zip CRC-32 mismatch: the chunk is corrupt or was modified")
 
@@ -468,7 +468,7 @@ def _check_crc32c(computed: int, rest: Any) -> None:
     """``rest`` is the chunk's padding then its stored crc32c; ``computed`` covers the data."""
     stored = int.from_bytes(rest[-4:], "little")
     if len(rest) > 4:
-        computed = google_crc32c.extend(computed, bytes(rest[:-4]))
+        computed = crc32c(bytes(rest[:-4]), computed)
     if stored != computed:
         raise ChunkError(f"crc32c mismatch (stored {stored:#010x}, computed {computed:#010x}): "
                          "the chunk is corrupt or was modified")
@@ -518,10 +518,7 @@ def _read_raw_into(fd: int, m: zc.Member, crc: int, lay: ArrayLayout, dest: np.n
             zc.check_local_header(head, m, crc)
         else:
             _preadv_exact(fd, [block], m.data_offset + n)
-        if lay.checksum:
-            computed = google_crc32c.extend(computed, block)
-        else:
-            computed = zc.crc32_update(block, computed)
+        computed = (crc32c if lay.checksum else zc.crc32_update)(block, computed)
         n += block.nbytes
         if not block.nbytes:
             break
