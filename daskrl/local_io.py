@@ -29,20 +29,30 @@ __all__ = ["create_exclusive", "listdir", "read_file", "thread_pool", "write_new
 
 _PARALLEL_BYTES = 4 << 20
 _IOV_MAX = 512
-_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_POOLS: dict[str, tuple[int, concurrent.futures.ThreadPoolExecutor]] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def thread_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """This process's pool for concurrent chunk reads and writes (file I/O releases the GIL);
-    recreated after a fork, whose child has none of the parent's threads."""
-    global _POOL
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def thread_pool(kind: str = "io") -> concurrent.futures.ThreadPoolExecutor:
+    """This process's pool of ``kind``: ``"io"`` for chunk writes that wait on the filesystem
+    (a few more threads than CPUs), ``"cpu"`` for reads checked and decoded in memory (one
+    thread per CPU: more only contend for the caches, measured ~30 % slower on a 58 MiB batch).
+    Pools are recreated after a fork, whose child has none of the parent's threads."""
     with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid():
-            workers = min(16, (os.cpu_count() or 1) + 4)
-            _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(
-                workers, thread_name_prefix="daskrl-io"))
-        return _POOL[1]
+        pool = _POOLS.get(kind)
+        if pool is None or pool[0] != os.getpid():
+            workers = _cpus() if kind == "cpu" else min(16, _cpus() + 4)
+            pool = _POOLS[kind] = (os.getpid(), concurrent.futures.ThreadPoolExecutor(
+                workers, thread_name_prefix=f"daskrl-{kind}"))
+        return pool[1]
 
 
 def read_file(root: Path, key: str) -> bytes | None:

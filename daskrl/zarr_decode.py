@@ -573,7 +573,7 @@ def _map(fn: Any, items: list[Any], parallel: bool) -> None:
         for item in items:
             fn(item)
         return
-    for fut in [local_io.thread_pool().submit(fn, item) for item in items]:
+    for fut in [local_io.thread_pool("cpu").submit(fn, item) for item in items]:
         fut.result()
 
 
