@@ -32,7 +32,7 @@ PolicyLike = torch.nn.Module | Callable[[], torch.nn.Module]
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
+def dtype_from_name(name: str) -> torch.dtype:
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise WeightsIntegrityError(f"unknown torch dtype {name!r} in a weights snapshot.")
@@ -99,7 +99,7 @@ def _tensor_to_numpy(name: str, t: torch.Tensor,
     t = t.detach().resolve_conj().resolve_neg()
     if out is not None and out.shape == tuple(t.shape) and out.dtype == numpy_dtype(t.dtype):
         if t.device.type == "cpu" and t.is_contiguous():
-            return out, copy_with_crc(out, _as_numpy(t))
+            return out, copy_with_crc(out, as_numpy(t))
         dst = torch.from_numpy(out)
         (dst.view(t.dtype) if dst.dtype != t.dtype else dst).copy_(t)
         return out, _crc(out)
@@ -107,11 +107,11 @@ def _tensor_to_numpy(name: str, t: torch.Tensor,
         c = t.clone(memory_format=torch.contiguous_format)
     else:
         c = t.to("cpu", copy=True).contiguous()
-    arr = _as_numpy(c)
+    arr = as_numpy(c)
     return arr, _crc(arr)
 
 
-def _as_numpy(t: torch.Tensor) -> np.ndarray:
+def as_numpy(t: torch.Tensor) -> np.ndarray:
     """``t`` (on the CPU) as a numpy array sharing its memory."""
     try:
         return t.numpy()
@@ -172,7 +172,7 @@ class WeightsSnapshot:
         out = {}
         for name, dtype, arr in zip(self.names, self.dtypes, self.arrays):
             t = torch.from_numpy(arr)
-            td = _dtype_from_name(dtype)
+            td = dtype_from_name(dtype)
             out[name] = t.view(td) if t.dtype != td else t
         return out
 
@@ -214,7 +214,7 @@ class PolicySpec:
         assert self.structure is not None
         module = copy.deepcopy(self.structure).to_empty(device=device)
         for alias, canonical in self.aliases:
-            target = _get_tensor(module, canonical)
+            target = get_tensor(module, canonical)
             prefix, _, leaf = alias.rpartition(".")
             parent = module.get_submodule(prefix)
             if leaf in parent._parameters:
@@ -224,7 +224,7 @@ class PolicySpec:
         return module.eval()
 
 
-def _get_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
+def get_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
     prefix, _, leaf = name.rpartition(".")
     parent = module.get_submodule(prefix)
     t = parent._parameters.get(leaf)
@@ -311,7 +311,7 @@ def load_weights(module: torch.nn.Module, weights: WeightsSnapshot) -> None:
     weights.verify()
     with torch.no_grad():
         for name, src in weights.tensors().items():
-            dst = _get_tensor(module, name)
+            dst = get_tensor(module, name)
             if dst.shape != src.shape or dst.dtype != src.dtype:
                 raise PolicyError(
                     f"weights version {weights.version}: tensor {name!r} is "

@@ -42,10 +42,10 @@ from .checksums import crc32c
 from .errors import PolicyError, WeightsIntegrityError, WeightsNotSharedError
 from .weights import (
     WeightsSnapshot,
-    _as_numpy,
-    _dtype_from_name,
-    _get_tensor,
+    as_numpy,
     copy_with_crc,
+    dtype_from_name,
+    get_tensor,
     numpy_dtype,
     snapshot,
 )
@@ -93,7 +93,7 @@ class SharedWeights:
 
 
 def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * _dtype_from_name(dtype).itemsize
+    return int(np.prod(shape, dtype=np.int64)) * dtype_from_name(dtype).itemsize
 
 
 def shared_memory_dir() -> str:
@@ -155,7 +155,7 @@ class Segment:
         self.nonce = secrets.token_bytes(16)
         _HEADER.pack_into(self._mm, 0, _MAGIC, self.nonce, -1)
         self.arrays = {
-            name: np.frombuffer(self._mm, numpy_dtype(_dtype_from_name(dtype)),
+            name: np.frombuffer(self._mm, numpy_dtype(dtype_from_name(dtype)),
                                 int(np.prod(shape, dtype=np.int64)), off).reshape(shape)
             for (name, dtype, shape), off in zip(self.layout, self.offsets)
         }
@@ -342,8 +342,8 @@ class SharedWeightsReader:
         with torch.no_grad():
             for name, dtype, shape, off, expected in zip(w.names, w.dtypes, w.shapes, w.offsets,
                                                          w.checksums):
-                dst = _get_tensor(module, name)
-                td = _dtype_from_name(dtype)
+                dst = get_tensor(module, name)
+                td = dtype_from_name(dtype)
                 if tuple(dst.shape) != shape or dst.dtype != td:
                     raise PolicyError(
                         f"weights version {w.version}: tensor {name!r} is {shape} {td}, but "
@@ -355,7 +355,7 @@ class SharedWeightsReader:
                     continue
                 src = np.frombuffer(mm, np.uint8, _nbytes(dtype, shape), off)
                 if dst.device.type == "cpu" and dst.is_contiguous():
-                    got = copy_with_crc(_as_numpy(dst.detach()), src)
+                    got = copy_with_crc(as_numpy(dst.detach()), src)
                 else:
                     got = int(crc32c(src))
                     with warnings.catch_warnings():  # read-only source: only read from
