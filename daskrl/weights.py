@@ -33,6 +33,7 @@ _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype a snapshot names (``"torch.bfloat16"``); an error for anything else."""
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise WeightsIntegrityError(f"unknown torch dtype {name!r} in a weights snapshot.")
@@ -225,6 +226,7 @@ class PolicySpec:
 
 
 def get_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """The parameter or buffer ``name`` (dotted) of ``module`` itself, not a copy."""
     prefix, _, leaf = name.rpartition(".")
     parent = module.get_submodule(prefix)
     t = parent._parameters.get(leaf)
