@@ -147,6 +147,41 @@ def test_no_room_in_shared_memory_falls_back_to_plain_snapshots(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+_FULL_SHM_LEARNER = """
+import sys
+import gymnasium as gym
+import daskrl
+from daskrl.policies import MLPPolicy
+
+if __name__ == "__main__":
+    env = gym.make("CartPole-v1")
+    policy = MLPPolicy(env.observation_space, env.action_space, hidden=(512, 512))  # 1 MiB
+    with daskrl.Collector("CartPole-v1", policy, sys.argv[1], envs_per_worker=4,
+                          frames_per_batch=256, total_frames=1024) as collector:
+        frames = sum(h.frames for h in collector)
+        collector.update_weights(policy, wait=True)
+        print(collector.weights_transport, frames, daskrl.open_store(sys.argv[1]).frames)
+"""
+
+
+@pytest.mark.slow
+def test_a_full_dev_shm_makes_the_collector_use_dask_transfers(tmp_path):
+    """Docker gives containers a 64 MiB /dev/shm: a policy that does not fit is sent through
+    Dask instead (the space is reserved at creation, so nothing crashes later)."""
+    if os.geteuid() != 0 or shared_memory_dir() != "/dev/shm":
+        pytest.skip("a private, tiny /dev/shm needs root and /dev/shm")
+    script = tmp_path / "learner.py"
+    script.write_text(_FULL_SHM_LEARNER)
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount -t tmpfs -o size=256k tmpfs /dev/shm && exec "$@"', "sh",
+         sys.executable, str(script), str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["dask", "1024", "1024"], out.stdout
+
+
 def test_collector_shares_weights_and_cleans_up(client, tmp_path):
     policy = TagPolicy(dtype=torch.bfloat16)
     with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, sync=False,
