@@ -41,14 +41,12 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 
 def _crc(arr: np.ndarray) -> int:
-    return int(crc32c(readonly_bytes(arr)))
+    return crc32c(_bytes(arr))
 
 
-def readonly_bytes(arr: np.ndarray) -> np.ndarray:
-    """A read-only flat ``uint8`` view of a contiguous array; no copy."""
-    view = arr.reshape(-1).view(np.uint8)
-    view.flags.writeable = False
-    return view
+def _bytes(arr: np.ndarray) -> np.ndarray:
+    """A flat ``uint8`` view of a contiguous array; no copy."""
+    return arr.reshape(-1).view(np.uint8)
 
 
 CRC_BLOCK = 1 << 20
@@ -58,14 +56,12 @@ CRC_BLOCK = 1 << 20
 def copy_with_crc(dst: np.ndarray, src: np.ndarray) -> int:
     """Copy the bytes of contiguous ``src`` into ``dst`` block by block and return the CRC32C
     of what landed in ``dst`` (each block is read back while it is cached)."""
-    d = dst.reshape(-1).view(np.uint8)
-    s = src.reshape(-1).view(np.uint8)
-    check = readonly_bytes(dst)
+    d, s = _bytes(dst), _bytes(src)
     crc = 0
     for i in range(0, d.size, CRC_BLOCK):
         np.copyto(d[i:i + CRC_BLOCK], s[i:i + CRC_BLOCK])
-        crc = crc32c(check[i:i + CRC_BLOCK], crc)
-    return int(crc)
+        crc = crc32c(d[i:i + CRC_BLOCK], crc)
+    return crc
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
