@@ -100,17 +100,28 @@ def write_new_files(root: Path, files: Sequence[tuple[str, Sequence[Any]]],
         _write_one(os.path.join(root, k), d)
 
 
+def byte_views(buffers: Sequence[Any]) -> list[memoryview]:
+    """Flat byte views of the non-empty ``buffers``, for vectored I/O."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    return [v for v in views if v.nbytes]
+
+
+def advance(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``views`` in place: what a vectored read or write that
+    moved only ``n`` bytes has done."""
+    while views and n >= views[0].nbytes:
+        n -= views[0].nbytes
+        views.pop(0)
+    if n:
+        views[0] = views[0][n:]
+
+
 def _pwrite_all(fd: int, parts: Sequence[Any], offset: int) -> None:
-    views = [memoryview(p).cast("B") for p in parts]
-    views = [v for v in views if v.nbytes]
+    views = byte_views(parts)
     while views:
         n = os.pwritev(fd, views[:_IOV_MAX], offset)  # may write less than asked
         offset += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if n:
-            views[0] = views[0][n:]
+        advance(views, n)
 
 
 def _create(path: str) -> int:

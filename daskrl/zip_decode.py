@@ -36,6 +36,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
+from . import local_io
 from . import zip_container as zc
 from .checksums import crc32c
 from .errors import BatchNotFoundError, StoreFormatError
@@ -479,25 +480,15 @@ def _preadv_exact(fd: int, bufs: list[Any], offset: int) -> None:
     got = os.preadv(fd, bufs, offset)
     if got == want:
         return
-    views = [memoryview(b).cast("B") for b in bufs]
-    views = [v for v in views if v.nbytes]
-    n = got
-    offset += n
-    while views and n >= views[0].nbytes:
-        n -= views[0].nbytes
-        views.pop(0)
-    if n:
-        views[0] = views[0][n:]
+    views = local_io.byte_views(bufs)
+    local_io.advance(views, got)
+    offset += got
     while views:
         n = os.preadv(fd, views, offset)
         if n == 0:
             raise ChunkError("the container ends inside this chunk (truncated file)")
         offset += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if n:
-            views[0] = views[0][n:]
+        local_io.advance(views, n)
 
 
 def _read_raw_into(fd: int, m: zc.Member, crc: int, lay: ArrayLayout, dest: np.ndarray) -> None:
