@@ -21,21 +21,9 @@ from daskrl.testing import TagPolicy
 from daskrl.zarr_decode import ALLOWED_DATA_TYPES, check_array_metadata
 
 sys.path.insert(0, str(Path(__file__).parent))
+from sample_batches import sample_arrays as _arrays
+from sample_batches import sample_meta as _meta
 from v1_store import create_v1_store, write_v1_batch
-
-
-def _arrays(T=6, E=2, seed=0):
-    rng = np.random.default_rng(seed)
-    return {
-        "observation": rng.standard_normal((T, E, 3)).astype(np.float32),
-        "reward": rng.standard_normal((T, E)).astype(np.float32),
-        "terminated": rng.random((T, E)) < 0.3,
-    }
-
-
-def _meta(T=6, E=2):
-    return {"frames": T * E, "weights_version": 0, "worker": "w", "device": "cpu",
-            "episode_returns": [], "episode_lengths": [], "shape": [T, E]}
 
 
 @pytest.fixture(params=["2.0", "1.0"])

@@ -13,26 +13,14 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs
+from sample_batches import sample_arrays as _arrays
+from sample_batches import sample_meta as _meta
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import MemoryStore, ZipStore
 
 import daskrl
 from daskrl import StoreFormatError, zip_container, zip_decode
 from daskrl.store import TrajectoryStore
-
-
-def _arrays(T=6, E=2, seed=0):
-    rng = np.random.default_rng(seed)
-    return {
-        "observation": rng.standard_normal((T, E, 3)).astype(np.float32),
-        "reward": rng.standard_normal((T, E)).astype(np.float32),
-        "terminated": rng.random((T, E)) < 0.3,
-    }
-
-
-def _meta(T=6, E=2):
-    return {"frames": T * E, "weights_version": 0, "worker": "w", "device": "cpu",
-            "episode_returns": [], "episode_lengths": [], "shape": [T, E]}
 
 
 def _write(tmp_path, arrays=None, compression="none"):
