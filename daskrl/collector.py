@@ -335,9 +335,9 @@ class Collector:
             )
         self._layout = layout
         snap = self._take_snapshot(policy, version, layout)
+        IN_PROCESS_WEIGHTS[self._weights_name(version)] = snap
         if self.client.asynchronous:
             return self._apublish(snap, wait)  # type: ignore[return-value]
-        IN_PROCESS_WEIGHTS[self._weights_name(version)] = snap
         if self._segments.manifest(version) is None:  # else tasks carry the manifest
             self._weights[version] = self._publish(snap)
         self._snapshots[version] = snap
@@ -828,7 +828,6 @@ class Collector:
     async def _apublish(self, snap: WeightsSnapshot, wait: bool = False) -> int:
         """:meth:`update_weights` with an asynchronous client (see :meth:`_publish`)."""
         name = self._weights_name(snap.version)
-        IN_PROCESS_WEIGHTS[name] = snap
         [future] = await self.client.scatter([snap], hash=False, broadcast=True)
         await self.client.publish_dataset(future, name=name, override=True)
         self._weights[snap.version] = future
