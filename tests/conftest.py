@@ -54,3 +54,19 @@ def inproc_client():
 def cartpole_policy():
     env = gym.make("CartPole-v1")
     return MLPPolicy(env.observation_space, env.action_space)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real, tiny (256 KiB) filesystem (root can mount tmpfs; CI runs as root)."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -203,22 +203,6 @@ def test_a_store_the_workers_cannot_see_is_refused_at_start(client):
     assert not client.list_datasets()
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A real, tiny filesystem (root can mount tmpfs; CI runs as root)."""
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def test_read_only_filesystem_is_refused_before_collection(client, tmpfs):
     import subprocess
 
