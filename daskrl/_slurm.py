@@ -14,9 +14,11 @@ import logging
 import os
 import re
 import shlex
+import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -62,13 +64,26 @@ def option_name(key: str) -> str:
     return {"name": "job_name"}.get(key, key.replace("-", "_"))
 
 
+def _import_slurm_cluster() -> Any:
+    """``dask_jobqueue.SLURMCluster``, with the program's SIGINT handler kept: importing
+    dask-jobqueue (its ``runner`` module) replaces it with a silent ``sys.exit()``, so that
+    Ctrl-C would end a learner with status 0 and no KeyboardInterrupt."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if in_main_thread else None
+    from dask_jobqueue import SLURMCluster
+
+    if in_main_thread and before is not None and signal.getsignal(signal.SIGINT) is not before:
+        signal.signal(signal.SIGINT, before)
+    return SLURMCluster
+
+
 def start_slurm(workers: int | None, security: Any, jobqueue_config: Any,
                 options: dict[str, Any]) -> Any:
     """A ``SLURMCluster`` from ``jobqueue_config`` and ``options`` (which win); with
     ``workers``, its job script is checked by ``sbatch --test-only`` and it adapts to that
     many workers."""
     try:
-        from dask_jobqueue import SLURMCluster
+        SLURMCluster = _import_slurm_cluster()
     except ImportError as e:
         raise DaskrlError(
             f"cluster='slurm' needs dask-jobqueue, which is not installed: {SLURM_EXTRA}"
@@ -193,7 +208,23 @@ def job_details(job_id: str) -> dict[str, str]:
     return dict(re.findall(r"(\S+?)=(\S*)", out.stdout))
 
 
+def _log_path(pattern: str, job: Mapping[str, str]) -> str:
+    """A job's --output/--error path with SLURM's %-patterns filled in (scontrol of older SLURM
+    shows them as given, e.g. ``daskrl-worker-%J.err``)."""
+    values = {"j": job.get("JobId", ""), "J": job.get("JobId", ""), "x": job.get("JobName", ""),
+              "u": job.get("UserId", "").split("(")[0], "N": job.get("BatchHost", ""),
+              "A": job.get("ArrayJobId", job.get("JobId", "")), "a": job.get("ArrayTaskId", ""),
+              "%": "%"}
+    return re.sub(r"%(\d*)([jJxuNAa%])",
+                  lambda m: values[m.group(2)].zfill(int(m.group(1) or 0)), pattern)
+
+
+ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b: .+")
+
+
 def _tail(path: str, lines: int = LOG_LINES) -> str:
+    """The exceptions named in a log's end (a chained traceback names its cause first, out of
+    sight of the last lines), then its last ``lines`` lines."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -201,7 +232,12 @@ def _tail(path: str, lines: int = LOG_LINES) -> str:
             text = f.read().decode(errors="replace")
     except OSError as e:
         return f"    (cannot read it here: {e.strerror}; look on the node that ran the job)"
-    return "\n".join("    " + ln for ln in text.splitlines()[-lines:]) or "    (empty)"
+    errors = list(dict.fromkeys(ln.strip() for ln in text.splitlines() if ERROR_LINE.match(ln)))
+    last = "\n".join("    " + ln for ln in text.splitlines()[-lines:]) or "    (empty)"
+    if not errors:
+        return last
+    return ("  errors in it:\n" + "\n".join("    " + e for e in errors[-5:])
+            + f"\n  its last lines:\n{last}")
 
 
 def describe_ended_job(job_id: str, state: str) -> str:
@@ -213,7 +249,7 @@ def describe_ended_job(job_id: str, state: str) -> str:
     text = (f"SLURM job {job_id} ({d.get('JobName', '?')}) ended {d.get('JobState', state)} "
             f"(exit code {d.get('ExitCode', '?')}, reason {d.get('Reason', '?')}) on "
             f"{d.get('NodeList', '?')}")
-    logs = [p for p in dict.fromkeys((d.get("StdErr"), d.get("StdOut"))) if p]
+    logs = [_log_path(p, d) for p in dict.fromkeys((d.get("StdErr"), d.get("StdOut"))) if p]
     for path in logs:
         text += f"\nthe last lines of {path}:\n{_tail(path)}"
     return text

@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     from learner import train  # deploy/learner.py
 
     cluster = slurm_cluster(settings)
+    # Importing dask-jobqueue made Ctrl-C a silent sys.exit(0): make it KeyboardInterrupt again.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with cluster:
             if args.print_job_script:
