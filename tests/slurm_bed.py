@@ -3,7 +3,8 @@
 ``slurmctld``, ``slurmd`` and a ``munged`` of its own (own key, own socket), all configured in
 one temporary directory: ``slurm.conf`` is passed with ``SLURM_CONF``, nothing is written to
 ``/etc`` or ``/var``.  The node is this machine on loopback (``NodeAddr=127.0.0.1``), with
-``OverSubscribe=FORCE:4`` so that several one-CPU jobs fit on a 2-core machine, no accounting
+``OverSubscribe=FORCE:4`` so that several one-CPU jobs fit on a 2-core machine, memory checked
+against the node's but not booked (``CR_Core``: a small CI machine fits the jobs), no accounting
 (job state comes from ``scontrol``, which keeps finished jobs for ``MinJobAge`` seconds), and
 ``proctrack/linuxproc`` + ``task/none`` (no cgroups needed).  Needs root (CI is root):
 
@@ -113,7 +114,7 @@ def _free_ports(n: int) -> list[int]:
 
 def _node_hardware() -> tuple[int, int]:
     """CPUs and memory (MiB) as ``slurmd -C`` sees this machine."""
-    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30,
+    out = subprocess.run([command("slurmd"), "-C"], capture_output=True, text=True, timeout=30,
                          check=True).stdout
     cpus = int(re.search(r"\bCPUs=(\d+)", out).group(1))
     memory = int(re.search(r"\bRealMemory=(\d+)", out).group(1))
@@ -140,8 +141,7 @@ SlurmdLogFile={d}/log/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=1024
+SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
@@ -219,7 +219,7 @@ def _start_munge(d: Path) -> subprocess.Popen:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     os.chown(key, munge.pw_uid, munge.pw_gid)
-    return _start(["munged", "--foreground", f"--key-file={key}",
+    return _start([command("munged"), "--foreground", f"--key-file={key}",
                    f"--socket={d}/munge/run/munge.socket",
                    f"--pid-file={d}/munge/run/munged.pid",
                    f"--log-file={d}/munge/log/munged.log",
@@ -240,8 +240,17 @@ def _wait(what: str, ready: object, bed: SlurmBed, timeout: float) -> None:
         time.sleep(0.1)
 
 
+SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
+def command(name: str) -> str:
+    """The full path of a SLURM or munge command (the daemons live in /usr/sbin, which a
+    non-login root shell may not have on PATH)."""
+    return shutil.which(name, path=SEARCH_PATH) or name
+
+
 def missing_commands() -> list[str]:
-    return [c for c in COMMANDS if shutil.which(c) is None]
+    return [c for c in COMMANDS if shutil.which(c, path=SEARCH_PATH) is None]
 
 
 @contextlib.contextmanager
@@ -266,9 +275,9 @@ def slurm_bed(parent: str | None = None, start_timeout: float = 60) -> Iterator[
     try:
         bed.daemons["munged"] = _start_munge(d)
         _wait("munged's socket", (d / "munge/run/munge.socket").exists, bed, start_timeout)
-        bed.daemons["slurmctld"] = _start(["slurmctld", "-D", "-f", str(conf)],
+        bed.daemons["slurmctld"] = _start([command("slurmctld"), "-D", "-f", str(conf)],
                                           d / "log" / "slurmctld.out", env=env)
-        bed.daemons["slurmd"] = _start(["slurmd", "-D", "-f", str(conf), "-N", node],
+        bed.daemons["slurmd"] = _start([command("slurmd"), "-D", "-f", str(conf), "-N", node],
                                        d / "log" / "slurmd.out", env=env)
 
         def idle() -> bool:
