@@ -238,8 +238,9 @@ def test_cli_slurm_cluster_prints_its_job_script(tmp_path, capsys):
 def test_learner_script_runs_on_the_embedded_local_cluster(tmp_path):
     store = tmp_path / "store"
     out = subprocess.run(
-        [sys.executable, str(ROOT / "deploy" / "learner.py"), "--store", str(store), "--workers", "1",
-         "--frames", "256", "--frames-per-batch", "128", "--envs-per-worker", "4"],
+        [sys.executable, str(ROOT / "deploy" / "learner.py"), "--store", str(store),
+         "--workers", "1", "--frames", "256", "--frames-per-batch", "128",
+         "--envs-per-worker", "4"],
         capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
@@ -473,7 +474,8 @@ def test_sbatch_set_on_real_slurm(slurm, tmp_path):
         r"scheduler job (\d+), workers job (\d+), learner job (\d+)", out.stdout).groups()
     jobs = slurm.jobs()
     assert jobs[sched]["JobName"] == "daskrl-scheduler" and jobs[sched]["MinMemoryNode"] == "1G"
-    assert jobs[workers]["NumCPUs"] == str(cpus) and jobs[workers]["NumNodes"] in ("1", "1-1"), jobs[workers]
+    assert jobs[workers]["NumCPUs"] == str(cpus), jobs[workers]
+    assert jobs[workers]["NumNodes"] in ("1", "1-1"), jobs[workers]
     assert "gres" not in jobs[workers].get("TRES", ""), jobs[workers]
 
     deadline = time.monotonic() + 300

@@ -30,7 +30,8 @@ from typing import Any
 
 @dataclasses.dataclass
 class Settings:
-    """The site's settings; each has a flag (``--walltime``) and a variable (``DASKRL_WALLTIME``)."""
+    """The site's settings; each has a flag (``--walltime``) and a variable
+    (``DASKRL_WALLTIME``)."""
 
     venv: str = "~/venvs/daskrl"      # EDIT: the learner's venv, on the shared filesystem
     partition: str = "gpu"            # EDIT
