@@ -7,17 +7,21 @@ import argparse
 import importlib
 import json
 import math
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ._slurm import option_name
 from .cli_store import add_store_commands, run_store_command
 from .errors import DaskrlError
 
 __all__ = ["main"]
 
 SLURM_QUEUE_WAIT_S = 3600
-"""``--cluster slurm``: how long to wait for the first worker's job to start."""
+"""``--cluster slurm``: how long to wait for the first worker's job to start (a job that ends
+before its worker joined stops the wait at once)."""
 
 
 def _load_object(spec: str) -> Any:
@@ -41,6 +45,21 @@ def _env_var(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"--env-var takes NAME=VALUE, got {text!r}")
     return name, value
+
+
+def _jobqueue_option(text: str) -> tuple[str, Any]:
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"--jobqueue-option takes KEY=VALUE (a jobqueue.slurm key of "
+            f"deploy/slurm/jobqueue.yaml, e.g. queue=debug), got {text!r}")
+    try:
+        return option_name(key.strip()), yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise argparse.ArgumentTypeError(f"--jobqueue-option {text!r}: the value is not "
+                                         f"YAML: {e}") from e
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,6 +110,11 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                        help="start a cluster: local (default) or slurm (dask-jobqueue)")
     g.add_argument("--jobqueue-config", default=None, metavar="YAML",
                    help="--cluster slurm: dask config file, e.g. deploy/slurm/jobqueue.yaml")
+    g.add_argument("--jobqueue-option", type=_jobqueue_option, action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="--cluster slurm: override one jobqueue.slurm setting, the value in "
+                        "YAML (repeatable), e.g. queue=debug, job-cpu=2, memory=4GiB, "
+                        "'job-extra-directives=[]'")
     g.add_argument("--no-tls", action="store_true",
                    help="embedded cluster without TLS (default: TLS with temporary credentials)")
     g.add_argument("--no-shared-memory", dest="shared_memory", action="store_false",
@@ -163,8 +187,9 @@ def _deployment(args: argparse.Namespace, workers: int | None = None) -> Any:
             raise DaskrlError("TLS needs --tls-ca-file and --tls-cert (and --tls-key unless "
                               "the certificate file holds the key).")
         security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
-    if args.jobqueue_config and args.cluster != "slurm":
-        raise DaskrlError("--jobqueue-config applies to --cluster slurm only.")
+    if (args.jobqueue_config or args.jobqueue_option) and args.cluster != "slurm":
+        raise DaskrlError("--jobqueue-config and --jobqueue-option apply to --cluster slurm "
+                          "only.")
     if args.scheduler or args.scheduler_file:
         return connect(args.scheduler or "", scheduler_file=args.scheduler_file,
                        security=security)
@@ -173,12 +198,13 @@ def _deployment(args: argparse.Namespace, workers: int | None = None) -> Any:
             raise DaskrlError("--cluster slurm needs --workers N: how many workers (one per "
                               "job as in deploy/slurm/jobqueue.yaml) to ask SLURM for.")
         deployment = connect("slurm", workers=workers, security=security,
-                             jobqueue_config=args.jobqueue_config)
+                             jobqueue_config=args.jobqueue_config, **dict(args.jobqueue_option))
         if workers:  # jobs wait in the queue: longer than a collector waits for a worker
             print(f"waiting for SLURM to start the first of {workers} workers...",
                   file=sys.stderr)
             try:
-                deployment.client.wait_for_workers(1, timeout=SLURM_QUEUE_WAIT_S)
+                # Gives up early, with the job's log, when a job ends without its worker.
+                deployment.wait_for_workers(1, timeout=SLURM_QUEUE_WAIT_S)
             except BaseException:
                 deployment.close()  # cancels the queued jobs
                 raise
@@ -232,6 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import dask
 
     args = _parser().parse_args(argv)
+    # SIGTERM (scancel, kill, a batch system ending the job) unwinds like Ctrl-C, so that a
+    # SLURM cluster's jobs are cancelled and its TLS key files deleted on the way out.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
     no_tls = {"daskrl.embedded-cluster.tls": False} if getattr(args, "no_tls", False) else {}
     try:
         with dask.config.set(no_tls):
@@ -245,7 +275,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DaskrlError, ValueError) as e:
         print(f"daskrl: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("daskrl: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return 1
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends at once
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

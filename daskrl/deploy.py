@@ -20,24 +20,20 @@ import json
 import logging
 import os
 import socket
-import stat
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import dask
 from distributed import Client, Security
 
+from ._slurm import close_cluster, remove_worker_keys, start_slurm, wait_for_slurm_workers
 from .cluster import local_cluster
 from .devices import DEVICE_ENV_VAR, resolve_device
 from .errors import ConfigError, DaskrlError
 
-__all__ = ["Deployment", "connect", "tls_security", "worker_report"]
+__all__ = ["Deployment", "connect", "remove_worker_keys", "tls_security", "wait_for_slurm_workers",
+           "worker_report"]
 
 logger = logging.getLogger(__name__)
-
-SLURM_EXTRA = 'pip install "daskrl[slurm]"'
-
 
 @dataclasses.dataclass
 class Deployment:
@@ -50,30 +46,29 @@ class Deployment:
     """The cluster object daskrl started (``LocalCluster``, ``SLURMCluster``), closed with this."""
 
     def close(self) -> None:
-        """Close the client, then the cluster daskrl started (a running one is left alone)."""
+        """Close the client, then the cluster daskrl started (a running one is left alone):
+        a SLURM cluster cancels its jobs and deletes the TLS key files it wrote for them."""
         self.client.close()
         if self.cluster is not None:
-            self.cluster.close()
-            _remove_worker_keys(self.cluster)
+            close_cluster(self.cluster)
+
+    def wait_for_workers(self, n: int = 1, timeout: float = 3600.0) -> None:
+        """Wait until ``n`` workers have joined, for at most ``timeout`` seconds.
+
+        On a SLURM cluster daskrl started, this gives up early with
+        :class:`~daskrl.errors.SlurmJobError` (the job's state and the end of its log) when a
+        worker job ends before its worker joined, instead of waiting out ``timeout``.
+        """
+        if self.cluster is not None and hasattr(self.cluster, "job_script"):
+            wait_for_slurm_workers(self.client, self.cluster, n, timeout)
+        else:
+            self.client.wait_for_workers(n, timeout=timeout)
 
     def __enter__(self) -> Deployment:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _remove_worker_keys(cluster: Any) -> None:
-    """Delete the TLS key files dask-jobqueue wrote to ``shared_temp_directory`` for the jobs.
-
-    dask-jobqueue deletes them only when the cluster object is garbage-collected (they are
-    ``NamedTemporaryFile`` objects held by it); a closed cluster needs them no more.
-    """
-    for value in list(vars(cluster).values()):
-        name = getattr(value, "name", None)
-        if (isinstance(name, str) and os.path.basename(name).startswith(".dask-jobqueue.worker.")
-                and callable(getattr(value, "close", None))):
-            value.close()
 
 
 def tls_security(ca_file: str, cert: str, key: str | None = None) -> Security:
@@ -147,8 +142,13 @@ def connect(
         except BaseException:
             local.close()
             raise
-    return _start_slurm(workers, True if security is None else security, jobqueue_config,
+    slurm = start_slurm(workers, True if security is None else security, jobqueue_config,
                         cluster_options)
+    try:
+        return Deployment(Client(slurm, set_as_default=False), slurm)
+    except BaseException:
+        close_cluster(slurm)
+        raise
 
 
 def _connect_running(address: str, scheduler_file: Any, security: Any, timeout: float) -> Client:
@@ -223,71 +223,6 @@ def _security_from_config() -> Security | None:
     """TLS settings from dask config (``distributed.comm.tls.*``), if any are set."""
     sec = Security()
     return sec if sec.tls_ca_file else None
-
-
-def _start_slurm(workers: int | None, security: Security | bool, jobqueue_config: Any,
-                 options: dict[str, Any]) -> Deployment:
-    try:
-        from dask_jobqueue import SLURMCluster
-    except ImportError as e:
-        raise DaskrlError(
-            f"cluster='slurm' needs dask-jobqueue, which is not installed: {SLURM_EXTRA}"
-        ) from e
-    if jobqueue_config is not None:  # its settings, as SLURMCluster arguments; options win
-        options = {**_slurm_options(Path(jobqueue_config)), **options}
-    if security is not False:
-        shared = options.get("shared_temp_directory") or dask.config.get(
-            "jobqueue.slurm.shared-temp-directory", None)
-        options["shared_temp_directory"] = _private_directory(shared)
-    slurm = SLURMCluster(security=security or None, **options)
-    try:
-        if workers:
-            # Adaptive with a fixed size: a worker that retires at its --lifetime (before the
-            # walltime) is replaced by a new job.
-            slurm.adapt(minimum=workers, maximum=workers)
-        return Deployment(Client(slurm, set_as_default=False), slurm)
-    except BaseException:
-        slurm.close()
-        raise
-
-
-def _slurm_options(path: Path) -> dict[str, Any]:
-    """``SLURMCluster`` keyword arguments from the ``jobqueue.slurm`` section of a dask config
-    file (dask-jobqueue reads its config anew for every job, so a temporary
-    ``dask.config.set`` would not last; explicit arguments do)."""
-    import yaml
-
-    if not path.is_file():
-        raise ConfigError(f"jobqueue_config {str(path)!r} does not exist.")
-    data = yaml.safe_load(path.read_text()) or {}
-    section = data.get("jobqueue", {}).get("slurm") if isinstance(data, Mapping) else None
-    if not isinstance(section, Mapping):
-        raise ConfigError(
-            f"jobqueue_config {str(path)!r} has no 'jobqueue: slurm:' section; see "
-            "deploy/slurm/jobqueue.yaml for the layout."
-        )
-    renamed = {"name": "job_name"}
-    return {renamed.get(k, k.replace("-", "_")): v for k, v in section.items() if v is not None}
-
-
-def _private_directory(path: str | None) -> str:
-    """The directory where SLURM TLS keys go: shared with the compute nodes, private to you."""
-    if not path:
-        raise ConfigError(
-            "TLS on SLURM (the default) writes the workers' keys to a directory the compute "
-            "nodes can read: set jobqueue.slurm.shared-temp-directory (in jobqueue.yaml) or "
-            "pass shared_temp_directory=, e.g. '~/.daskrl-tls' on your shared home, mode 700."
-        )
-    expanded = Path(os.path.expandvars(os.path.expanduser(path)))
-    expanded.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = stat.S_IMODE(expanded.stat().st_mode)
-    if mode & 0o077:
-        raise ConfigError(
-            f"shared_temp_directory {str(expanded)!r} has mode {mode:o}; the cluster's keys go "
-            "there and whoever reads them can run code on your workers. Run "
-            f"`chmod 700 {expanded}` (or pick a private directory)."
-        )
-    return path
 
 
 def _device_on_worker(dask_worker: Any) -> dict[str, str]:

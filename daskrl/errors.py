@@ -15,6 +15,7 @@ __all__ = [
     "DaskrlError",
     "EnvError",
     "PolicyError",
+    "SlurmJobError",
     "StoreError",
     "StoreFormatError",
     "VersionMismatchError",
@@ -69,6 +70,11 @@ class BatchNotFoundError(StoreError, KeyError):
 
 class CollectorClosedError(DaskrlError, RuntimeError):
     """The collector was used after :meth:`~daskrl.Collector.close`."""
+
+
+class SlurmJobError(DaskrlError, RuntimeError):
+    """SLURM refused a worker job, or its jobs ended before their Dask workers joined; the
+    message has the job's state, exit code and the last lines of its log."""
 
 
 class VersionMismatchError(DaskrlError, RuntimeError):

@@ -43,7 +43,7 @@ def reinforce_step(policy: MLPPolicy, optimizer: torch.optim.Optimizer,
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return float(loss)
+    return loss.item()  # float(loss) warns: a tensor that requires grad
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         sizing["jobqueue_config"] = args.jobqueue_config
     with connect(args.cluster, scheduler_file=args.scheduler_file, security=security,
                  **sizing) as deployment:
-        deployment.client.wait_for_workers(args.wait_for_workers, timeout=3600)
+        # On SLURM this stops early, with the job's log, when a worker job fails.
+        deployment.wait_for_workers(args.wait_for_workers, timeout=3600)
         train(deployment.client, args.store, args.frames, args.frames_per_batch,
               args.envs_per_worker)
     print(f"done: {daskrl.open_store(args.store).frames} frames in {args.store}")

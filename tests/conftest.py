@@ -70,3 +70,26 @@ def tmpfs(tmp_path):
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture(scope="session")
+def slurm_session():
+    """The real one-node SLURM of tests/slurm_bed.py, started once (about 2 s) for the
+    session's `slurm` tests, stopped at its end with every job and daemon gone."""
+    if os.geteuid() != 0:
+        pytest.skip("the SLURM test bed runs slurmctld, slurmd and munged as root")
+    from slurm_bed import slurm_bed
+
+    with slurm_bed() as bed:
+        yield bed
+
+
+@pytest.fixture
+def slurm(slurm_session, monkeypatch):
+    """The SLURM bed for one test: SLURM_CONF points this process (and what it starts) at it,
+    and the test's jobs are cancelled when it ends, pass or fail."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_session.conf))
+    try:
+        yield slurm_session
+    finally:
+        slurm_session.cancel_all()

@@ -14,6 +14,8 @@ source "${DASKRL_SBATCH_DIR:-$(dirname "${BASH_SOURCE[0]}")}/common.sh"
 wait_for_scheduler_file
 node=$(hostname -s)
 scratch="${TMPDIR:-/tmp}/daskrl-${SLURM_JOB_ID:-$$}"   # node-local, never the shared FS
+# Gone with the workers: SLURM cleans a per-job $TMPDIR, but nothing cleans /tmp.
+trap 'rm -rf "$scratch"' EXIT
 lifetime=()
 [[ -n "$DASKRL_LIFETIME" ]] && lifetime=(--lifetime "$DASKRL_LIFETIME"
                                          --lifetime-stagger "$DASKRL_LIFETIME_STAGGER")
