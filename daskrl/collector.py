@@ -604,6 +604,9 @@ class Collector:
             # Results are fetched as tasks finish, and handed over in batch order.
             order = [self._pending[f].batch_id for f in round_]
             ac = self._as_completed(round_)
+            # Hold no future of a batch handed over: Dask would compute it again if the worker
+            # holding its result died.
+            del round_
             done: dict[int, tuple[Future, BatchHandle]] = {}
             for batch_id in order:
                 while batch_id not in done:
@@ -611,6 +614,7 @@ class Collector:
                     done[self._pending[fut].batch_id] = (fut, result)
                 fut, result = done.pop(batch_id)
                 handle = self._hand_over(self._pending.pop(fut), result)
+                del fut, result
                 if handle is not None:  # else dropped as too stale: recollected next round
                     yield handle
 
@@ -629,6 +633,7 @@ class Collector:
             task = self._pending.pop(fut)
             refill = [task.stream]
             handle = self._hand_over(task, result)
+            del fut, result  # see _iter_sync
             if handle is not None:  # else dropped as too stale: its frames are requeued
                 yield handle
 
