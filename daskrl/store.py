@@ -18,6 +18,7 @@ and dropped.  Stores of format 1.x (one directory tree per attempt) are still re
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -50,6 +51,8 @@ READ_MAJORS = (1, 2)
 """Major format versions this daskrl reads; it writes only :data:`FORMAT_VERSION`'s."""
 BATCH_IDS_PER_RUN = 1_000_000_000
 """Run ``r`` numbers its batches from ``r * BATCH_IDS_PER_RUN``."""
+
+logger = logging.getLogger(__name__)
 
 # storage_options by store URL, so handles (which carry no credentials) can load in this process.
 _OPTIONS: dict[str, dict[str, Any]] = {}
@@ -265,9 +268,40 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         """
         self._check_writable(f"write batch {batch_id}")
         self._check_write_format()
-        path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}.zip"
-        meta = {**meta, "batch_id": batch_id, "path": path}
-        entries = encode_batch(meta, arrays, Compression(compression))
+        key = f"commits/{batch_id:012d}/zarr.json"
+        for _ in range(COMMIT_TRIES):
+            path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}.zip"
+            full = {**meta, "batch_id": batch_id, "path": path}
+            self._write_container(batch_id, path, encode_batch(full, arrays,
+                                                               Compression(compression)))
+            try:
+                committed = self._create_exclusive(key, _group_doc(full))
+            except FileNotFoundError:
+                # The commit's temporary file (or its directory) was collected as garbage while
+                # this writer was stalled: its container may be gone too. Write it again.
+                self._delete_attempt(path)
+                logger.warning("batch %d: the commit's temporary file of %r was removed by a "
+                               "garbage collector; writing the batch again", batch_id, path)
+                continue
+            if not committed:
+                self._delete_attempt(path)
+                return path, False
+            # A writer stalled (stopped, suspended) between its container and its commit for
+            # longer than the collector's grace period finds its container collected. The
+            # commit must never name a container that is gone: check, undo and write again.
+            if self._attempt_exists(path):
+                return path, True
+            self._undo_commit(batch_id, key, path)
+            logger.warning("batch %d: container %r was removed by a garbage collector before "
+                           "its commit; writing the batch again", batch_id, path)
+        raise StoreError(
+            f"cannot commit batch {batch_id} to {self.url!r}: a garbage collector removed this "
+            f"writer's container {COMMIT_TRIES} times before its commit. The collector's grace "
+            "period (collect_garbage(older_than=...), daskrl gc --older-than) must be longer "
+            "than any stall of a writer (a stopped process, a suspended job, a paused VM)."
+        )
+
+    def _write_container(self, batch_id: int, path: str, entries: list[Any]) -> None:
         try:
             if isinstance(self._zstore, LocalStore):
                 # In place (the attempt is invisible until committed); see daskrl.local_io.
@@ -279,11 +313,27 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}.") from e
         except OSError as e:
             raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}") from e
-        record = _group_doc(meta)
-        committed = self._create_exclusive(f"commits/{batch_id:012d}/zarr.json", record)
-        if not committed:
-            self._delete_attempt(path)
-        return path, committed
+
+    def _attempt_exists(self, path: str) -> bool:
+        """Whether the container ``path`` is there now (no cached listing)."""
+        if isinstance(self._zstore, LocalStore):
+            return os.path.isfile(os.path.join(self._zstore.root, path))
+        if isinstance(self._zstore, FsspecStore):
+            full = f"{self._zstore.path}/{path}"
+            self._zstore.fs.invalidate_cache(full)
+            return bool(sync(self._zstore.fs._exists(full)))
+        return bool(sync(self._zstore.exists(path)))
+
+    def _undo_commit(self, batch_id: int, key: str, path: str) -> None:
+        """Remove this writer's own commit record of ``path`` (its container is gone)."""
+        try:
+            sync(self._zstore.delete(key))
+        except OSError as e:
+            raise StoreError(
+                f"batch {batch_id} of {self.url!r}: its container {path!r} was removed by a "
+                f"garbage collector before its commit, and the commit record {key!r} could not "
+                f"be removed ({e}). Delete the batch (store.delete_batches([{batch_id}]))."
+            ) from e
 
     @staticmethod
     def _write_local(file: str, entries: list[tuple[str, list[Any]]]) -> None:
@@ -418,6 +468,10 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 f"({path!r} is no longer committed)."
             )
 
+
+COMMIT_TRIES = 3
+"""Times a writer writes a batch again after a garbage collector removed its container (or
+its commit's temporary file) before the commit, before it gives up."""
 
 _PARALLEL_WRITE_BYTES = 4 << 20
 """Local batches at least this large are written by the thread pool while their CRC-32s are
