@@ -261,12 +261,12 @@ async def preload_shared_weights(plugin_name: str, version: int, weights: Shared
     return await asyncio.get_running_loop().run_in_executor(None, load)
 
 
-def probe_store(plugin_name: str, run: int, token: str) -> str:
+def probe_store(plugin_name: str, probe: str, token: str) -> str:
     """Check this worker sees the learner's marker in the store, and leave its own."""
     worker = get_worker()
     plugin: CollectorPlugin = worker.plugins[plugin_name]
     store = plugin.get_store()
-    seen = store.read_probe(run, "learner")
+    seen = store.read_probe(probe, "learner")
     if seen != token:
         raise StoreError(
             f"worker {worker.address} does not see the store {store.url!r} that the learner "
@@ -274,7 +274,7 @@ def probe_store(plugin_name: str, run: int, token: str) -> str:
             "between machines: use a shared filesystem (FSx, Lustre, NFS) mounted at the same "
             "path everywhere, or an object store URL."
         )
-    store.write_probe(run, worker.address, token)
+    store.write_probe(probe, worker.address, token)
     return worker.address
 
 
