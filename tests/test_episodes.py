@@ -152,3 +152,34 @@ def test_checker_finds_a_step_stored_twice_and_a_missing_end(store_url, tmp_path
 
     text = _breaks(_rewrite(src, str(tmp_path / "e"), no_end))
     assert "although the one before it did not end" in text or "stops at t=" in text, text
+
+
+def test_a_batch_cancelled_while_it_runs_leaves_its_stream_continuous(client, tmp_path):
+    import time
+
+    def executing() -> set[str]:
+        keys = client.run(lambda dask_worker: [str(ts.key) for ts in dask_worker.state.executing])
+        return {k for ks in keys.values() for k in ks}
+
+    def poll(condition) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.02)
+
+    url = str(tmp_path / "s")
+    # One stream; about 0.5 s per batch: 25 steps of 2 envs sleeping 10 ms each.
+    with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, client=client,
+                          envs_per_worker=2, frames_per_batch=50, total_frames=None,
+                          num_workers=1, env_kwargs={"length": 7, "delay": 0.01}) as c:
+        assert c.hand_over(c.submit()).batch_id == 0
+        running = c.submit()  # batch 1: its envs continue from batch 0
+        poll(lambda: running.key in executing())
+        running.cancel()  # while it runs: stopped before its write
+        poll(lambda: running.key not in executing())
+        later = [c.hand_over(c.submit()) for _ in range(2)]  # batches 2 and 3, same stream
+        assert [h.batch_id for h in later] == [2, 3]
+    store = daskrl.open_store(url)
+    assert store.batch_ids() == [0, 2, 3]
+    report = check_episode_continuity(store)  # batch 2 does not continue the unwritten batch 1
+    assert report.transitions == 150
