@@ -7,7 +7,7 @@
         written, before it is linked into place): touch MARKER, wait for RESUME, then finish
     python store_writer_proc.py loop URL TAG FIRST
         write batches FIRST, FIRST+1, ... until killed
-    python store_writer_proc.py stop URL TAG ID MARKER WHERE
+    python store_writer_proc.py stop URL TAG ID MARKER WHERE [OPTIONS_JSON]
         write batch ID, but stop itself (SIGSTOP) at WHERE: "before-commit" (its container
         written, its commit not begun) or "in-link" (the commit's temp file written, not yet
         linked): touch MARKER first; once continued (SIGCONT), finish
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
         print(bid, int(committed), flush=True)
     elif mode == "stop":
         bid, marker, where = int(argv[3]), Path(argv[4]), argv[5]
-        store = _store(url)
+        store = _store(url, argv[6] if len(argv) > 6 else None)
 
         def stop() -> None:
             marker.touch()
