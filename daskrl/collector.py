@@ -199,6 +199,7 @@ class Collector:
         self._policy_spec = policy_spec(module, factory)
         self._store = TrajectoryStore(store, storage_options, read_only=False)
         self._store.initialize()
+        self._store.next_run()  # a store with no run number left fails now
         self.run = -1  # the run number in the store: registered last, once started
 
         # 2. The cluster.

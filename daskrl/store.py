@@ -235,16 +235,9 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         A store numbers at most :data:`MAX_RUNS` runs (run ``r``'s batch ids start at
         ``r * BATCH_IDS_PER_RUN``, and episode ids ``batch_id * 2**24 + ...`` must fit 64 bits).
         """
-        existing = sorted(int(k) for k in self._list_groups("runs") if k.isdigit())
-        run = existing[-1] + 1 if existing else 0
+        run = self.next_run()
         while True:
-            if run >= MAX_RUNS:
-                raise StoreError(
-                    f"store {self.url!r} has used all {MAX_RUNS} run numbers a store can have "
-                    f"(its newest run is {run - 1}; batch ids run * {BATCH_IDS_PER_RUN:_} + i "
-                    "must stay below 2**39 so that episode ids fit 64 bits). Collect into a new "
-                    "store; this one stays readable."
-                )
+            self._check_run_number(run)
             doc = _group_doc(
                 {
                     "run": run,
@@ -263,6 +256,23 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             if created:
                 return run
             run += 1
+
+    def next_run(self) -> int:
+        """The run number :meth:`register_run` would claim now; raises :class:`StoreError` if
+        the store has none left (a check before a collector starts its cluster)."""
+        existing = sorted(int(k) for k in self._list_groups("runs") if k.isdigit())
+        run = existing[-1] + 1 if existing else 0
+        self._check_run_number(run)
+        return run
+
+    def _check_run_number(self, run: int) -> None:
+        if run >= MAX_RUNS:
+            raise StoreError(
+                f"store {self.url!r} has used all {MAX_RUNS} run numbers a store can have "
+                f"(its newest run is {run - 1}; batch ids run * {BATCH_IDS_PER_RUN:_} + i "
+                "must stay below 2**39 so that episode ids fit 64 bits). Collect into a new "
+                "store; this one stays readable."
+            )
 
     # -- reachability probes: does every worker see this very store? ---------------------------
     def write_probe(self, probe: str, name: str, token: str) -> None:

@@ -181,6 +181,8 @@ def test_a_failed_start_uses_up_no_run_number(client, tmp_path):
 
 
 def test_the_run_limit_of_a_store_is_named(tmp_path):
+    from daskrl.testing import TagPolicy
+
     url = str(tmp_path / "s")
     w = TrajectoryStore(url, read_only=False)
     w.initialize()
@@ -191,3 +193,5 @@ def test_the_run_limit_of_a_store_is_named(tmp_path):
            "episode ids fit 64 bits). Collect into a new store; this one stays readable.")
     with pytest.raises(daskrl.StoreError, match=re.escape(msg)):
         w.register_run({})
+    with pytest.raises(daskrl.StoreError, match=re.escape(msg)):  # before any cluster starts
+        daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url)
