@@ -4,7 +4,9 @@ A collector runs ``--batches`` small batches of a deterministic env (``daskrl.te
 a counting env whose transitions are checkable) on a ``--workers``-worker embedded cluster.
 Every ``--kill-every`` handles one worker's process is killed with SIGKILL while batches run
 on it (its nanny starts a new one). At the end the store is checked: exactly the expected batch
-ids, total frames exact, every transition real, no transition stored twice.
+ids, total frames exact, every transition real, no transition stored twice, and every episode
+continuous (``daskrl.testing.check_episode_continuity``: it starts at step 0 in the batch its id
+names and runs on unbroken across its stream's batches, or is cut at a batch boundary).
 
 Run:  python benchmarks/soak_faults.py [--batches 300] [--kill-every 40] [--workers 2]
 """
@@ -23,7 +25,7 @@ from distributed import Client
 
 import daskrl
 from daskrl.cluster import local_cluster
-from daskrl.testing import SlowEnv, TagPolicy
+from daskrl.testing import SlowEnv, TagPolicy, check_episode_continuity
 
 
 def verify(url: str, n_batches: int, frames: int) -> dict[str, int]:
@@ -43,7 +45,9 @@ def verify(url: str, n_batches: int, frames: int) -> dict[str, int]:
             assert int(step) not in steps, f"episode {eid} step {step} stored twice"
             steps.add(int(step))
             transitions += 1
-    return {"batches": len(ids), "transitions": transitions, "episodes": len(seen)}
+    report = check_episode_continuity(store)
+    return {"batches": len(ids), "transitions": transitions, "episodes": len(seen),
+            "ended": report.ended, "cut": report.cut}
 
 
 def main() -> None:
@@ -86,8 +90,9 @@ def main() -> None:
     print(f"uncommitted debris      {len(debris.attempts) + len(debris.partial_files):>8} "
           "(attempts cut mid-write; removed by collect_garbage)")
     print(f"store check             {'ok':>8}: {checked['batches']} batches, "
-          f"{checked['transitions']} transitions, {checked['episodes']} episodes, none lost "
-          "or duplicated")
+          f"{checked['transitions']} transitions, {checked['episodes']} episodes "
+          f"({checked['ended']} ended, {checked['cut']} cut or running), none lost or "
+          "duplicated, every episode continuous")
     print(f"wall time               {wall:>8.1f} s")
 
 

@@ -199,7 +199,8 @@ class Collector:
         self._policy_spec = policy_spec(module, factory)
         self._store = TrajectoryStore(store, storage_options, read_only=False)
         self._store.initialize()
-        self.run = self._store.register_run({"env": self.env_spec.label, **self.config.as_dict()})
+        self._store.next_run()  # a store with no run number left fails now
+        self.run = -1  # the run number in the store: registered last, once started
 
         # 2. The cluster.
         self._own_cluster: LocalCluster | None = None
@@ -263,6 +264,12 @@ class Collector:
         # Every worker builds the policy, picks its device and loads version 0 now, so a bad
         # device, policy or weights path fails here rather than in the first batch.
         self.update_weights(module, wait=True)
+        self._register_run()
+
+    def _register_run(self) -> None:
+        """Claim a run number, last: a start that fails uses up none."""
+        self.run = self._store.register_run({"env": self.env_spec.label,
+                                             **self.config.as_dict()})
 
     def _init_state(self, workers: list[str]) -> None:
         self.num_streams = self.config.num_workers or len(workers)
@@ -288,20 +295,20 @@ class Collector:
         """Every worker must see and write the learner's store: the classic failure is a local
         path on a cluster of several machines, where each worker writes its own directory."""
         token = uuid.uuid4().hex
-        self._store.write_probe(self.run, "learner", token)
+        self._store.write_probe(self._id, "learner", token)
         try:
             futures = [
-                self.client.submit(probe_store, self._plugin_name, self.run, token, workers=[w],
+                self.client.submit(probe_store, self._plugin_name, self._id, token, workers=[w],
                                    key=f"daskrl-probe-{self._id}-{w}", pure=False)
                 for w in workers
             ]
             for address in self.client.gather(futures):
                 self._check_probe(address, token)
         finally:
-            self._store.clear_probes(self.run)
+            self._store.clear_probes(self._id)
 
     def _check_probe(self, address: str, token: str) -> None:
-        if self._store.read_probe(self.run, address) != token:
+        if self._store.read_probe(self._id, address) != token:
             raise StoreError(
                 f"the learner does not see what worker {address} wrote to the store "
                 f"{self._store.url!r}. A local path is not shared between machines: use a "
@@ -604,6 +611,9 @@ class Collector:
             # Results are fetched as tasks finish, and handed over in batch order.
             order = [self._pending[f].batch_id for f in round_]
             ac = self._as_completed(round_)
+            # Hold no future of a batch handed over: Dask would compute it again if the worker
+            # holding its result died.
+            del round_
             done: dict[int, tuple[Future, BatchHandle]] = {}
             for batch_id in order:
                 while batch_id not in done:
@@ -611,6 +621,7 @@ class Collector:
                     done[self._pending[fut].batch_id] = (fut, result)
                 fut, result = done.pop(batch_id)
                 handle = self._hand_over(self._pending.pop(fut), result)
+                del fut, result
                 if handle is not None:  # else dropped as too stale: recollected next round
                     yield handle
 
@@ -629,6 +640,7 @@ class Collector:
             task = self._pending.pop(fut)
             refill = [task.stream]
             handle = self._hand_over(task, result)
+            del fut, result  # see _iter_sync
             if handle is not None:  # else dropped as too stale: its frames are requeued
                 yield handle
 
@@ -811,6 +823,7 @@ class Collector:
             await self._aprobe_store(workers)
             module, self._module = self._module, None
             await self.update_weights(module, wait=True)  # type: ignore[arg-type,misc]
+            self._register_run()
         except BaseException:
             await self.aclose()
             raise
@@ -849,17 +862,17 @@ class Collector:
     async def _aprobe_store(self, workers: list[str]) -> None:
         """:meth:`_probe_store` with an asynchronous client."""
         token = uuid.uuid4().hex
-        self._store.write_probe(self.run, "learner", token)
+        self._store.write_probe(self._id, "learner", token)
         try:
             addresses = await self.client.gather([
-                self.client.submit(probe_store, self._plugin_name, self.run, token, workers=[w],
+                self.client.submit(probe_store, self._plugin_name, self._id, token, workers=[w],
                                    key=f"daskrl-probe-{self._id}-{w}", pure=False)
                 for w in workers
             ])
             for address in addresses:
                 self._check_probe(address, token)
         finally:
-            self._store.clear_probes(self.run)
+            self._store.clear_probes(self._id)
 
     async def _aunpublish(self, version: int) -> None:
         fut = self._weights.pop(version)  # with an asynchronous client, all go through Dask

@@ -15,6 +15,7 @@ learners read:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -37,6 +38,13 @@ logger = logging.getLogger(__name__)
 ATTEMPT_NAME = re.compile(r"\d{12}-[0-9A-Za-z]+(?:\.zip)?")
 """Name of an attempt under ``batches/``: ``<id:012d>-<attempt>.zip`` (2.x) or a 1.x
 directory ``<id:012d>-<attempt>``."""
+
+_OWN_PARTIAL = re.compile(r"(?:(?:runs|batches|commits)/(?:[^/]+/)*)?[^/]+\.[0-9a-f]{32}\.partial")
+"""Temporary files daskrl (and zarr's ``LocalStore``) leave when a local write is cut:
+``<name>.<32 hex>.partial``, at the root or under ``runs/``, ``batches/``, ``commits/``."""
+
+_ASIDE = ".gc"
+"""Suffix of a container a collector renamed aside before deleting it (local stores)."""
 
 DEFAULT_GRACE_SECONDS = 3600.0
 """Garbage younger than this is left alone: its writer may still be running."""
@@ -131,6 +139,20 @@ class StoreHousekeeping:
                     for k, v in found.items() if v.get("type", "file") != "directory"]
         raise StoreError(f"store {self.url!r}: unsupported zarr store {type(self._zstore)!r}")
 
+    def _own_files(self) -> list[tuple[str, int, float]]:
+        """:meth:`_files` of daskrl's own paths only: the root's own documents and the
+        ``runs``, ``batches`` and ``commits`` trees (never other things beside them)."""
+        root = Path(self._zstore.root)
+        out = []
+        for sub in ("runs", "batches", "commits"):
+            out += self._files(sub)
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(root):
+                if entry.is_file(follow_symlinks=False) and _OWN_PARTIAL.fullmatch(entry.name):
+                    st = entry.stat(follow_symlinks=False)
+                    out.append((entry.name, st.st_size, st.st_mtime))
+        return out
+
     def _rmdir_empty(self, prefix: str, older_than: float) -> None:
         """Remove empty directories under ``prefix`` on a local store (bottom-up) that are
         older than ``older_than`` seconds (a writer may be about to write into a new one)."""
@@ -219,6 +241,61 @@ class StoreHousekeeping:
         return self.delete_batches(ids[: max(0, len(ids) - n)])
 
     # -- garbage --------------------------------------------------------------------------------
+    def _names(self, path: str) -> bool:
+        """Whether the commit record of ``path``'s batch names ``path`` now."""
+        rec = self._get_json(f"commits/{path.split('/')[1][:12]}/zarr.json")
+        return rec is not None and (rec.get("attributes") or {}).get("path") == path
+
+    def _moved_aside(self) -> list[str]:
+        if not isinstance(self._zstore, LocalStore):
+            return []
+        try:
+            names = os.listdir(Path(self._zstore.root) / "batches")
+        except FileNotFoundError:
+            return []
+        return sorted(f"batches/{n[:-len(_ASIDE)]}" for n in names
+                      if n.endswith(_ASIDE) and ATTEMPT_NAME.fullmatch(n[:-len(_ASIDE)]))
+
+    def _collect_attempt(self, path: str, moved: bool = False) -> bool:
+        """Delete the uncommitted attempt ``path`` unless a writer commits it meanwhile; True
+        if deleted.
+
+        A writer stalled (stopped, suspended) past the grace period may resume and commit at
+        any moment; it checks its container exists after its commit and writes the batch again
+        if not. On a local filesystem the container is first renamed aside (atomic), then the
+        commit record is checked: a record made before the check is seen (the container is put
+        back), one made after it finds the container gone. Elsewhere the record is checked
+        before and after the delete, and a record that names the deleted container (made in
+        between) is removed: the batch is lost then, never visible and unreadable.
+        """
+        if isinstance(self._zstore, LocalStore) and path.endswith(".zip"):
+            src = Path(self._zstore.root) / path
+            aside = src.with_name(src.name + _ASIDE)
+            if not moved:
+                try:
+                    os.rename(src, aside)
+                except FileNotFoundError:  # deleted by another collector, or committed-deleted
+                    return False
+            if self._names(path):  # committed meanwhile: it is the batch
+                with contextlib.suppress(FileNotFoundError):  # put back by another collector
+                    os.rename(aside, src)
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(aside)
+            return True
+        if self._names(path):
+            return False
+        self._delete_attempt_data(path)
+        if self._names(path):
+            key = f"commits/{path.split('/')[1][:12]}/zarr.json"
+            logger.error("batch %s of %s was committed while its container %r was being "
+                         "collected as garbage; the batch is lost and its commit record removed "
+                         "(the writer stalled longer than the grace period)",
+                         path.split("/")[1][:12], self.url, path)
+            with contextlib.suppress(FileNotFoundError):
+                self._delete_key(key)
+        return True
+
     def collect_garbage(
         self, older_than: float = DEFAULT_GRACE_SECONDS, *, dry_run: bool = False
     ) -> GarbageReport:
@@ -253,19 +330,23 @@ class StoreHousekeeping:
             if now - newest < older_than:
                 kept.append(path)
                 continue
-            # re-check: a writer may have committed it just now
-            rec = self._get_json(f"commits/{name[:12]}/zarr.json")
-            if rec is not None and (rec.get("attributes") or {}).get("path") == path:
-                continue
-            removed.append(path)
-            freed += size
+            if dry_run:
+                if not self._names(path):
+                    removed.append(path)
+                    freed += size
+            elif self._collect_attempt(path):
+                removed.append(path)
+                freed += size
+        # 1b. containers a collector moved aside and did not get to delete (it was killed)
+        for path in self._moved_aside():
             if not dry_run:
-                self._delete_attempt_data(path)
+                self._collect_attempt(path, moved=True)
         # 2. temporary files of interrupted local writes (fsspec stores write no such files)
         partials: list[str] = []
         if isinstance(self._zstore, LocalStore):
-            for key, size, mtime in self._files(""):
-                if not key.endswith(".partial") or any(key.startswith(p + "/") for p in removed):
+            for key, size, mtime in self._own_files():
+                if not _OWN_PARTIAL.fullmatch(key) or any(key.startswith(p + "/")
+                                                          for p in removed):
                     continue
                 if now - mtime < older_than:
                     kept.append(key)

@@ -17,6 +17,7 @@ of that unnecessary:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import threading
 import uuid
@@ -188,4 +189,7 @@ def create_exclusive(root: Path, key: str, data: bytes) -> bool:
     except FileExistsError:
         return False
     finally:
-        os.unlink(tmp)
+        # Gone already if a garbage collector took it for debris while this writer stalled
+        # (the link, if made, is the record: the temporary name does not matter).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

@@ -39,7 +39,8 @@ class Episode:
     batch_ids: tuple[int, ...]
     """The batches it spans, in order."""
     complete: bool
-    """It ended with ``terminated`` or ``truncated``; False: cut (see the store format)."""
+    """It has every step from 0 on and ended with ``terminated`` or ``truncated``; False: cut
+    (see the store format), or some of its batches were deleted."""
 
     @property
     def length(self) -> int:
@@ -162,21 +163,29 @@ class StoreReaders:
         keys
             Arrays to include (``episode_id``, ``terminated`` and ``truncated`` always are).
         complete_only
-            Yield only episodes that ended with ``terminated`` or ``truncated``.  With False,
-            episodes cut without a flag (``reset_at_each_iter``, rebuilt envs, a missing later
-            batch, or still running at the newest batch) come too, with ``complete=False``.
+            Yield only complete episodes: every step from 0 on, ending with ``terminated`` or
+            ``truncated``.  With False, the others come too, with ``complete=False``: episodes
+            cut without a flag (``reset_at_each_iter``, rebuilt envs, a missing later batch, or
+            still running at the newest batch) and episodes whose first or middle steps were
+            in deleted batches (``keep_last``, ``delete_batches``).
         device
             Device of the yielded tensors.
         """
-        need = None if keys is None else list(dict.fromkeys([*keys, *_EPISODE_KEYS]))
+        need = None if keys is None else list(dict.fromkeys([*keys, *_EPISODE_KEYS, "step"]))
+        drop_step = keys is not None and "step" not in keys
         runs = self.runs()
         open_eps: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
         last_seen: dict[int, int] = {}
         dev = torch.device(device) if device is not None else None
 
-        def emit(eid: int, complete: bool) -> Episode:
+        def emit(eid: int, ended: bool) -> Episode:
             pieces = open_eps.pop(eid)
             last_seen.pop(eid, None)
+            # Whole only if its steps run 0, 1, 2, ...: a deleted batch leaves a hole.
+            steps = torch.cat([p["step"] for _, p in pieces])
+            complete = ended and torch.equal(steps, torch.arange(len(steps), dtype=steps.dtype))
+            if drop_step:
+                pieces = [(b, {k: v for k, v in p.items() if k != "step"}) for b, p in pieces]
             names = pieces[0][1].keys()
             data = {k: torch.cat([p[k] for _, p in pieces]) if len(pieces) > 1
                     else pieces[0][1][k].clone() for k in names}  # own memory, contiguous
@@ -202,7 +211,9 @@ class StoreReaders:
                     open_eps.setdefault(i, []).append((bid, {k: v[a:b, e] for k, v in batch.items()}))
                     last_seen[i] = bid
                     if done[b - 1, e]:
-                        yield emit(i, True)
+                        ep = emit(i, True)
+                        if ep.complete or not complete_only:
+                            yield ep
             settings = runs.get(bid // _ids_per_run(), {}).get("settings", {})
             for i in [i for i, b in last_seen.items() if b == bid]:
                 if settings.get("reset_at_each_iter"):  # every open episode was cut here

@@ -18,7 +18,9 @@ and dropped.  Stores of format 1.x (one directory tree per attempt) are still re
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -50,6 +52,11 @@ READ_MAJORS = (1, 2)
 """Major format versions this daskrl reads; it writes only :data:`FORMAT_VERSION`'s."""
 BATCH_IDS_PER_RUN = 1_000_000_000
 """Run ``r`` numbers its batches from ``r * BATCH_IDS_PER_RUN``."""
+MAX_RUNS = -(-(2**39) // BATCH_IDS_PER_RUN)
+"""Runs a store can number (550): batch ids stay below ``2**39``, so that episode ids
+(``batch_id * 2**24 + ...``) fit a signed 64-bit integer."""
+
+logger = logging.getLogger(__name__)
 
 # storage_options by store URL, so handles (which carry no credentials) can load in this process.
 _OPTIONS: dict[str, dict[str, Any]] = {}
@@ -140,10 +147,26 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         return stored == json.loads(data.to_bytes())
 
     # -- layout ------------------------------------------------------------------------------
-    def initialize(self) -> None:
-        """Create the root and its sub-groups if missing; check the format otherwise."""
+    def initialize(self, *, allow_non_empty: bool = False) -> None:
+        """Create the root and its sub-groups if missing; check the format otherwise.
+
+        A new store is not created in a directory (or under a prefix) that holds other things,
+        unless ``allow_non_empty``: the store's garbage collector and its listings own its
+        ``runs``, ``batches`` and ``commits`` (only those, and the root's ``zarr.json``).
+        """
         root = self._get_json("zarr.json")
         if root is None:
+            others = self._foreign_entries()
+            if others and not allow_non_empty:
+                shown = ", ".join(repr(n) for n in others[:5]) + (", ..." if len(others) > 5
+                                                                  else "")
+                raise StoreError(
+                    f"cannot create a store at {self.url!r}: it already holds other things "
+                    f"({shown}) and no daskrl store. Use a new or empty directory, or, to "
+                    "create the store there on purpose, "
+                    "TrajectoryStore(url, read_only=False).initialize(allow_non_empty=True) "
+                    "first."
+                )
             meta = {"daskrl": {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}}
             try:
                 self._create_exclusive("zarr.json", _group_doc(meta))
@@ -153,6 +176,21 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 raise StoreError(f"cannot create a store at {self.url!r}: {e}") from e
         self.check_format()
         self._check_write_format()
+
+    def _foreign_entries(self) -> list[str]:
+        """Names at the store's root that are not the store's own (sorted)."""
+        try:
+            if isinstance(self._zstore, LocalStore):
+                names = local_io.listdir(self._zstore.root, "")
+            else:
+                async def _ls() -> list[str]:
+                    return [k async for k in self._zstore.list_dir("")]
+
+                names = sync(_ls())
+        except OSError:  # not listable: creating it will say what is wrong
+            return []
+        return sorted(n for n in (k.rstrip("/") for k in names)
+                      if n not in _OWN_ROOT_NAMES and not _ROOT_PARTIAL.fullmatch(n))
 
     def _check_write_format(self) -> None:
         if self._format_major is None:
@@ -192,12 +230,14 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         self._format_major = int(major)
 
     def register_run(self, settings: Mapping[str, Any]) -> int:
-        """Claim the next free run number (exclusive create) and record ``settings``."""
-        existing = sorted(int(k) for k in self._list_groups("runs") if k.isdigit())
-        run = existing[-1] + 1 if existing else 0
+        """Claim the next free run number (exclusive create) and record ``settings``.
+
+        A store numbers at most :data:`MAX_RUNS` runs (run ``r``'s batch ids start at
+        ``r * BATCH_IDS_PER_RUN``, and episode ids ``batch_id * 2**24 + ...`` must fit 64 bits).
+        """
+        run = self.next_run()
         while True:
-            if run * BATCH_IDS_PER_RUN >= 2**39:
-                raise StoreError(f"store {self.url!r} holds too many runs; use a new store.")
+            self._check_run_number(run)
             doc = _group_doc(
                 {
                     "run": run,
@@ -217,12 +257,31 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 return run
             run += 1
 
+    def next_run(self) -> int:
+        """The run number :meth:`register_run` would claim now; raises :class:`StoreError` if
+        the store has none left (a check before a collector starts its cluster)."""
+        existing = sorted(int(k) for k in self._list_groups("runs") if k.isdigit())
+        run = existing[-1] + 1 if existing else 0
+        self._check_run_number(run)
+        return run
+
+    def _check_run_number(self, run: int) -> None:
+        if run >= MAX_RUNS:
+            raise StoreError(
+                f"store {self.url!r} has used all {MAX_RUNS} run numbers a store can have "
+                f"(its newest run is {run - 1}; batch ids run * {BATCH_IDS_PER_RUN:_} + i "
+                "must stay below 2**39 so that episode ids fit 64 bits). Collect into a new "
+                "store; this one stays readable."
+            )
+
     # -- reachability probes: does every worker see this very store? ---------------------------
-    def write_probe(self, run: int, name: str, token: str) -> None:
-        """Leave a small marker under ``runs/<run>/probes/`` (raises :class:`StoreError`)."""
+    def write_probe(self, probe: str, name: str, token: str) -> None:
+        """Leave a small marker under ``runs/probe-<probe>/`` (raises :class:`StoreError`).
+
+        Probes run before a collector registers its run, so they are not under a run."""
         try:
-            sync(self._zstore.set(f"runs/{run:04d}/probes/zarr.json", _json_bytes(_group_doc({}))))
-            sync(self._zstore.set(_probe_key(run, name),
+            sync(self._zstore.set(f"runs/probe-{probe}/zarr.json", _json_bytes(_group_doc({}))))
+            sync(self._zstore.set(_probe_key(probe, name),
                                   _json_bytes(_group_doc({"name": name, "token": token}))))
         except OSError as e:
             raise StoreError(
@@ -231,14 +290,14 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 "read-only."
             ) from e
 
-    def read_probe(self, run: int, name: str) -> str | None:
+    def read_probe(self, probe: str, name: str) -> str | None:
         """The token of ``name``'s marker, or None if this process cannot see it."""
-        doc = self._get_json(_probe_key(run, name))
+        doc = self._get_json(_probe_key(probe, name))
         return None if doc is None else doc["attributes"].get("token")
 
-    def clear_probes(self, run: int) -> None:
-        """Remove the run's markers."""
-        self._delete_prefix(f"runs/{run:04d}/probes")
+    def clear_probes(self, probe: str) -> None:
+        """Remove the probe's markers."""
+        self._delete_prefix(f"runs/probe-{probe}")
 
     def _list_groups(self, prefix: str) -> list[str]:
         async def _ls() -> list[str]:
@@ -265,9 +324,40 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         """
         self._check_writable(f"write batch {batch_id}")
         self._check_write_format()
-        path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}.zip"
-        meta = {**meta, "batch_id": batch_id, "path": path}
-        entries = encode_batch(meta, arrays, Compression(compression))
+        key = f"commits/{batch_id:012d}/zarr.json"
+        for _ in range(COMMIT_TRIES):
+            path = f"batches/{batch_id:012d}-{uuid.uuid4().hex[:12]}.zip"
+            full = {**meta, "batch_id": batch_id, "path": path}
+            self._write_container(batch_id, path, encode_batch(full, arrays,
+                                                               Compression(compression)))
+            try:
+                committed = self._create_exclusive(key, _group_doc(full))
+            except FileNotFoundError:
+                # The commit's temporary file (or its directory) was collected as garbage while
+                # this writer was stalled: its container may be gone too. Write it again.
+                self._delete_attempt(path)
+                logger.warning("batch %d: the commit's temporary file of %r was removed by a "
+                               "garbage collector; writing the batch again", batch_id, path)
+                continue
+            if not committed:
+                self._delete_attempt(path)
+                return path, False
+            # A writer stalled (stopped, suspended) between its container and its commit for
+            # longer than the collector's grace period finds its container collected. The
+            # commit must never name a container that is gone: check, undo and write again.
+            if self._attempt_exists(path):
+                return path, True
+            self._undo_commit(batch_id, key, path)
+            logger.warning("batch %d: container %r was removed by a garbage collector before "
+                           "its commit; writing the batch again", batch_id, path)
+        raise StoreError(
+            f"cannot commit batch {batch_id} to {self.url!r}: a garbage collector removed this "
+            f"writer's container {COMMIT_TRIES} times before its commit. The collector's grace "
+            "period (collect_garbage(older_than=...), daskrl gc --older-than) must be longer "
+            "than any stall of a writer (a stopped process, a suspended job, a paused VM)."
+        )
+
+    def _write_container(self, batch_id: int, path: str, entries: list[Any]) -> None:
         try:
             if isinstance(self._zstore, LocalStore):
                 # In place (the attempt is invisible until committed); see daskrl.local_io.
@@ -279,11 +369,27 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}.") from e
         except OSError as e:
             raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}") from e
-        record = _group_doc(meta)
-        committed = self._create_exclusive(f"commits/{batch_id:012d}/zarr.json", record)
-        if not committed:
-            self._delete_attempt(path)
-        return path, committed
+
+    def _attempt_exists(self, path: str) -> bool:
+        """Whether the container ``path`` is there now (no cached listing)."""
+        if isinstance(self._zstore, LocalStore):
+            return os.path.isfile(os.path.join(self._zstore.root, path))
+        if isinstance(self._zstore, FsspecStore):
+            full = f"{self._zstore.path}/{path}"
+            self._zstore.fs.invalidate_cache(full)
+            return bool(sync(self._zstore.fs._exists(full)))
+        return bool(sync(self._zstore.exists(path)))
+
+    def _undo_commit(self, batch_id: int, key: str, path: str) -> None:
+        """Remove this writer's own commit record of ``path`` (its container is gone)."""
+        try:
+            sync(self._zstore.delete(key))
+        except OSError as e:
+            raise StoreError(
+                f"batch {batch_id} of {self.url!r}: its container {path!r} was removed by a "
+                f"garbage collector before its commit, and the commit record {key!r} could not "
+                f"be removed ({e}). Delete the batch (store.delete_batches([{batch_id}]))."
+            ) from e
 
     @staticmethod
     def _write_local(file: str, entries: list[tuple[str, list[Any]]]) -> None:
@@ -419,6 +525,15 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             )
 
 
+_OWN_ROOT_NAMES = frozenset({"zarr.json", "runs", "batches", "commits", "lost+found"})
+"""What may be at the root of a directory a new store is created in (``lost+found``: the
+root of a fresh filesystem)."""
+_ROOT_PARTIAL = re.compile(r"zarr\.[0-9a-f]{32}\.partial")
+
+COMMIT_TRIES = 3
+"""Times a writer writes a batch again after a garbage collector removed its container (or
+its commit's temporary file) before the commit, before it gives up."""
+
 _PARALLEL_WRITE_BYTES = 4 << 20
 """Local batches at least this large are written by the thread pool while their CRC-32s are
 computed (zlib releases the GIL)."""
@@ -428,10 +543,10 @@ _EXCLUSIVE_PROTOCOLS = frozenset({"s3", "s3a", "memory"})
 (s3fs sends ``If-None-Match: *``); others may ignore the mode and overwrite."""
 
 
-def _probe_key(run: int, name: str) -> str:
+def _probe_key(probe: str, name: str) -> str:
     """Key of ``name``'s reachability marker (a worker address made path-safe)."""
     slug = "".join(c if c.isalnum() else "-" for c in name)
-    return f"runs/{run:04d}/probes/{slug}/zarr.json"
+    return f"runs/probe-{probe}/{slug}/zarr.json"
 
 
 def _has_exclusive_create(fs: Any) -> bool:

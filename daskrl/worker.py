@@ -89,6 +89,7 @@ class CollectorPlugin(WorkerPlugin):
         self.store_url = store_url
         self.storage_options = dict(storage_options)
         self._lock = threading.Lock()
+        self._stream_locks: dict[int, threading.Lock] = {}
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -104,13 +105,14 @@ class CollectorPlugin(WorkerPlugin):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_lock", "policy", "envsets", "store", "device", "shared"):
+        for k in ("_lock", "_stream_locks", "policy", "envsets", "store", "device", "shared"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._stream_locks = {}
         self.policy, self.envsets, self.store, self.device = None, {}, None, None
         self.shared = SharedWeightsReader()
 
@@ -209,6 +211,11 @@ class CollectorPlugin(WorkerPlugin):
             self.envsets[task.stream] = envset
         return envset
 
+    def stream_lock(self, stream: int) -> threading.Lock:
+        """Held by a batch of ``stream`` from its rollout until its write is decided, so the
+        stream's next batch never continues envs whose batch may yet be discarded."""
+        return self._stream_locks.setdefault(stream, threading.Lock())  # atomic (the GIL)
+
     def drop_envset(self, stream: int) -> None:
         """Close and forget a stream's envs (after an error: their state is unknown)."""
         envset = self.envsets.pop(stream, None)
@@ -254,12 +261,12 @@ async def preload_shared_weights(plugin_name: str, version: int, weights: Shared
     return await asyncio.get_running_loop().run_in_executor(None, load)
 
 
-def probe_store(plugin_name: str, run: int, token: str) -> str:
+def probe_store(plugin_name: str, probe: str, token: str) -> str:
     """Check this worker sees the learner's marker in the store, and leave its own."""
     worker = get_worker()
     plugin: CollectorPlugin = worker.plugins[plugin_name]
     store = plugin.get_store()
-    seen = store.read_probe(run, "learner")
+    seen = store.read_probe(probe, "learner")
     if seen != token:
         raise StoreError(
             f"worker {worker.address} does not see the store {store.url!r} that the learner "
@@ -267,7 +274,7 @@ def probe_store(plugin_name: str, run: int, token: str) -> str:
             "between machines: use a shared filesystem (FSx, Lustre, NFS) mounted at the same "
             "path everywhere, or an object store URL."
         )
-    store.write_probe(run, worker.address, token)
+    store.write_probe(probe, worker.address, token)
     return worker.address
 
 
@@ -290,9 +297,27 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle | None:
     """Run one batch on this worker, write it to the store, return its handle.
 
     Returns None, writing nothing, if the task was cancelled while it ran.
+
+    The stream's envs continue into its next batch only if this attempt's batch is the one
+    committed: when the write loses to another attempt of the batch (a re-run after the worker
+    holding the committed result was lost, or the original after a re-run won), is cancelled
+    or fails, the envs are dropped, and the stream's next batch starts fresh episodes.
     """
     worker = get_worker()
     plugin: CollectorPlugin = worker.plugins[plugin_name]
+    with plugin.stream_lock(task.stream):
+        ours = False
+        try:
+            handle, ours = _collect_and_write(plugin, worker, task)
+        finally:
+            if not ours:
+                plugin.drop_envset(task.stream)
+        return handle
+
+
+def _collect_and_write(plugin: CollectorPlugin, worker: Any,
+                       task: BatchTask) -> tuple[BatchHandle | None, bool]:
+    """``(handle, committed by this attempt)``: the rollout and its write."""
     cfg = plugin.config
     with plugin._lock:
         policy = plugin.ready_policy(task.weights_version, task.weights)
@@ -338,10 +363,12 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle | None:
         # The learner cancelled this batch while it ran: its result would be thrown away, so
         # it is not written (a batch cancelled once its write has begun is committed).
         logger.debug("batch %d cancelled before its write; not committed", task.batch_id)
-        return None
-    meta = handle.record()
+        return None, False
+    meta = {**handle.record(), "stream": task.stream}
     store = plugin.get_store()
     path, committed = store.write_batch(task.batch_id, arrays, meta, cfg.compression)
     if not committed:  # another attempt of this batch won: hand back the committed one
-        return store.handle(task.batch_id)
-    return dataclasses.replace(handle, path=path, write_seconds=time.perf_counter() - t0)
+        logger.info("batch %d was committed by another attempt; the envs of stream %d start "
+                    "new episodes", task.batch_id, task.stream)
+        return store.handle(task.batch_id), False
+    return dataclasses.replace(handle, path=path, write_seconds=time.perf_counter() - t0), True

@@ -7,12 +7,20 @@
         written, before it is linked into place): touch MARKER, wait for RESUME, then finish
     python store_writer_proc.py loop URL TAG FIRST
         write batches FIRST, FIRST+1, ... until killed
+    python store_writer_proc.py stop URL TAG ID MARKER WHERE [OPTIONS_JSON]
+        write batch ID, but stop itself (SIGSTOP) at WHERE: "before-commit" (its container
+        written, its commit not begun) or "in-link" (the commit's temp file written, not yet
+        linked): touch MARKER first; once continued (SIGCONT), finish
+    python store_writer_proc.py gc URL MARKER
+        collect garbage (one hour's grace), stopping itself (SIGSTOP) just before it deletes
+        the first container: touch MARKER first; once continued, finish and print the report
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,7 +55,8 @@ def _store(url: str, options: str | None = None) -> TrajectoryStore:
 
 
 def main(argv: list[str]) -> None:
-    mode, url, tag = argv[0], argv[1], int(argv[2])
+    mode, url = argv[0], argv[1]
+    tag = int(argv[2]) if mode != "gc" else 0
     if mode == "write":
         first, count, go = int(argv[3]), int(argv[4]), Path(argv[5])
         store = _store(url, argv[6] if len(argv) > 6 else None)
@@ -72,6 +81,47 @@ def main(argv: list[str]) -> None:
         os.link = slow_link  # LocalStore's exclusive create: temp file, then os.link
         _, committed = store.write_batch(bid, batch_arrays(bid, tag), meta(tag), compression="none")
         print(bid, int(committed), flush=True)
+    elif mode == "stop":
+        bid, marker, where = int(argv[3]), Path(argv[4]), argv[5]
+        store = _store(url, argv[6] if len(argv) > 6 else None)
+
+        def stop() -> None:
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        if where == "before-commit":
+            real_create = store._create_exclusive
+
+            def create(key, doc):
+                if key.startswith("commits/") and not marker.exists():
+                    stop()
+                return real_create(key, doc)
+
+            store._create_exclusive = create
+        else:
+            real_link = os.link
+
+            def link(src, dst, *a, **kw):
+                if "commits" in str(dst) and not marker.exists():
+                    stop()
+                return real_link(src, dst, *a, **kw)
+
+            os.link = link
+        _, committed = store.write_batch(bid, batch_arrays(bid, tag), meta(tag), compression="none")
+        print(bid, int(committed), flush=True)
+    elif mode == "gc":
+        marker = Path(argv[2])
+        store = TrajectoryStore(url, read_only=False)
+        real_unlink = os.unlink
+
+        def unlink(path, *a, **kw):
+            if "/batches/" in str(path) and not marker.exists():
+                marker.touch()
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return real_unlink(path, *a, **kw)
+
+        os.unlink = unlink
+        print(json.dumps(list(store.collect_garbage(3600).attempts)), flush=True)
     elif mode == "loop":
         store = _store(url)
         bid = int(argv[3])

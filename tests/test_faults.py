@@ -11,12 +11,12 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client
+from distributed import Client, SchedulerPlugin
 
 import daskrl
 from daskrl import BatchTimeoutError, DaskrlError, EnvError
 from daskrl.cluster import local_cluster
-from daskrl.testing import FaultyEnv, SlowEnv, TagPolicy
+from daskrl.testing import FaultyEnv, SlowEnv, TagPolicy, check_episode_continuity
 
 pytestmark = pytest.mark.faults
 
@@ -35,6 +35,7 @@ def _check_store(url: str, n_batches: int, frames: int) -> None:
             steps = seen.setdefault(int(eid), set())
             assert int(step) not in steps, (eid, step)  # no transition stored twice
             steps.add(int(step))
+    check_episode_continuity(store)  # every episode starts at step 0 and runs on unbroken
 
 
 @pytest.fixture
@@ -64,6 +65,47 @@ def test_worker_lost_mid_batch_costs_a_retry_only(own_cluster, tmp_path, how):
     assert sorted(h.batch_id for h in handles) == list(range(24))
     assert sum(h.frames for h in handles) == 80 * 24
     _check_store(url, 24, 80 * 24)
+
+
+class _KillOnResult(SchedulerPlugin):
+    """Kills a worker process (SIGKILL) the moment the scheduler learns it finished the task
+    of batch ``batch_id``: the batch is committed, its handle not yet sent to the learner.
+    The worker's nanny is told not to start a replacement (a machine that does not return)."""
+
+    def __init__(self, cluster, batch_id: int) -> None:
+        self.cluster, self.suffix, self.killed = cluster, f"-{batch_id}", None
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if (self.killed is None and finish == "memory" and str(key).startswith("daskrl-collect-")
+                and str(key).endswith(self.suffix)):
+            from distributed.core import Status
+
+            address = kwargs["worker"]
+            for nanny in self.cluster.workers.values():
+                if nanny.worker_address == address:
+                    nanny.status = Status.closing_gracefully  # close, do not restart
+            os.kill(self.cluster.scheduler.workers[address].pid, signal.SIGKILL)
+            self.killed = address
+
+
+def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_path):
+    # One stream on two workers. The stream's worker dies right after committing batch 1:
+    # Dask runs batch 1 again on the other worker (with envs of its own), whose write finds
+    # the commit and keeps the original. The stream's next batches run there too, and must
+    # not continue the episodes of that discarded re-run.
+    with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
+        killer = _KillOnResult(cluster, 1)
+        cluster.scheduler.add_plugin(killer, name="kill-on-result")
+        url = str(tmp_path / "s")
+        env = functools.partial(SlowEnv, 0.001, 7)
+        with daskrl.Collector(env, TagPolicy(), url, client=client, envs_per_worker=2,
+                              frames_per_batch=20, total_frames=100, num_workers=1) as c:
+            handles = list(c)
+        assert killer.killed is not None
+        assert [h.batch_id for h in handles] == [0, 1, 2, 3, 4]
+        assert handles[1].worker == killer.killed  # the original attempt was kept
+        assert {h.worker for h in handles[2:]} != {killer.killed}
+    _check_store(url, 5, 100)
 
 
 def test_weights_lost_with_their_worker_are_scattered_again(own_cluster, tmp_path):

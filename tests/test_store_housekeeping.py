@@ -116,3 +116,82 @@ def test_summary_json_of_an_empty_store(tmp_path):
     assert s["batches"] == 0 and s["episodes"] == 0 and s["bytes_on_disk"] == 0
     json.dumps(s)
     assert "returns:           mean n/a" in format_summary(s)
+
+
+def _age_all(root, seconds=7200.0):
+    import os
+
+    for p in [root, *root.rglob("*")]:
+        st = p.stat()
+        os.utime(p, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def test_a_store_is_not_created_among_other_files_and_gc_spares_them(tmp_path):
+    from daskrl.testing import TagPolicy
+
+    d = tmp_path / "shared"
+    (d / "mine").mkdir(parents=True)
+    users = [d / "notes.partial", d / "mine" / "results.partial",
+             d / "mine" / f"zarr.{'ab' * 16}.partial", d / f"keep.{'cd' * 16}.partial.txt"]
+    for f in users:
+        f.write_text("the user's own")
+    msg = (f"cannot create a store at 'file://{d}': it already holds other things ('keep.{'cd' * 16}"
+           ".partial.txt', 'mine', 'notes.partial') and no daskrl store. Use a new or empty "
+           "directory, or, to create the store there on purpose, TrajectoryStore(url, "
+           "read_only=False).initialize(allow_non_empty=True) first.")
+    with pytest.raises(daskrl.StoreError, match=re.escape(msg)):
+        TrajectoryStore(str(d), read_only=False).initialize()
+    with pytest.raises(daskrl.StoreError, match=re.escape(msg)):  # before any cluster starts
+        daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), str(d))
+    assert sorted(p.name for p in d.iterdir()) == sorted(["mine", "notes.partial", users[3].name])
+
+    TrajectoryStore(str(d), read_only=False).initialize(allow_non_empty=True)  # on purpose
+    _write(str(d), 2)
+    own = d / "commits" / "000000000007" / f"zarr.{'ef' * 16}.partial"
+    own.parent.mkdir()
+    own.write_text("{}")
+    _age_all(d)
+    report = daskrl.open_store(str(d), writable=True).collect_garbage(older_than=0)
+    assert report.partial_files == ("commits/000000000007/zarr." + "ef" * 16 + ".partial",)
+    assert not own.exists() and all(f.read_text() == "the user's own" for f in users)
+    out = _cli("gc", str(d), "--older-than", "0")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("removed 0 uncommitted attempts and 0 partial files")
+    assert all(f.read_text() == "the user's own" for f in users)
+    assert len(daskrl.open_store(str(d))) == 2
+
+
+def test_a_failed_start_uses_up_no_run_number(client, tmp_path):
+    from daskrl.testing import TagPolicy
+
+    url = str(tmp_path / "s")
+    with pytest.raises(daskrl.ConfigError, match=re.escape("client must be a distributed.Client or None")):
+        daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, client="tcp://x:1")
+    assert daskrl.open_store(url).runs() == {}
+    # A store the workers cannot see fails at the probe, after the cluster work: no run either.
+    shared = "memory://daskrl-lifecycle-not-shared"
+    with pytest.raises(daskrl.StoreError, match="does not see the store"):
+        daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), shared, client=client)
+    store = daskrl.open_store(shared)
+    assert store.runs() == {} and store._list_groups("runs") == []  # probes removed too
+    with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, client=client,
+                          envs_per_worker=2, frames_per_batch=4, total_frames=8) as c:
+        assert c.run == 0 and [h.batch_id for h in c] == [0, 1]
+    assert list(daskrl.open_store(url).runs()) == [0]
+
+
+def test_the_run_limit_of_a_store_is_named(tmp_path):
+    from daskrl.testing import TagPolicy
+
+    url = str(tmp_path / "s")
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    assert w.register_run({}) == 0
+    (tmp_path / "s" / "runs" / "0000").rename(tmp_path / "s" / "runs" / "0549")
+    msg = (f"store 'file://{tmp_path}/s' has used all 550 run numbers a store can have (its "
+           "newest run is 549; batch ids run * 1_000_000_000 + i must stay below 2**39 so that "
+           "episode ids fit 64 bits). Collect into a new store; this one stays readable.")
+    with pytest.raises(daskrl.StoreError, match=re.escape(msg)):
+        w.register_run({})
+    with pytest.raises(daskrl.StoreError, match=re.escape(msg)):  # before any cluster starts
+        daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url)

@@ -187,3 +187,86 @@ def test_gc_refuses_bad_input_and_read_only_stores(tmp_path):
         r.collect_garbage()
     assert r.collect_garbage(dry_run=True).attempts == ()
     assert os.path.isdir(tmp_path / "s" / "batches")
+
+
+def _stopped(p: subprocess.Popen) -> bool:
+    """Whether ``p`` is stopped by a signal (state ``T`` in /proc)."""
+    with open(f"/proc/{p.pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def _age(root: Path, seconds: float = 7200.0) -> None:
+    """Set every file's times under ``root``'s batches/ and commits/ ``seconds`` back: as if
+    the writer had been stopped that long."""
+    for sub in ("batches", "commits"):
+        for p in (root / sub).rglob("*"):
+            st = p.stat()
+            os.utime(p, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def _continue(p: subprocess.Popen) -> tuple[str, str]:
+    p.send_signal(signal.SIGCONT)
+    try:
+        out, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
+    assert p.returncode == 0, err
+    return out, err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("where", ["before-commit", "in-link"])
+def test_a_writer_stopped_past_the_grace_period_never_commits_a_collected_container(
+        tmp_path, where):
+    url = str(tmp_path / "store")
+    root = tmp_path / "store"
+    marker = tmp_path / "stopped"
+    p = _spawn("stop", url, 6, 6, marker, where)
+    try:
+        _wait_for(marker.exists, what=f"the writer of batch 6 to stop {where}")
+        _wait_for(lambda: _stopped(p), what="SIGSTOP")
+        [container] = [c for c in (root / "batches").iterdir() if c.name.startswith("0000")]
+        _age(root)  # stopped for two hours, past the collector's one-hour grace
+        report = TrajectoryStore(url, read_only=False).collect_garbage()
+        assert report.attempts == (f"batches/{container.name}",)
+        assert len(report.partial_files) == (where == "in-link")
+        assert not container.exists()
+    finally:
+        out, _ = _continue(p)
+    assert out.split() == ["6", "1"]
+    store = daskrl.open_store(url)
+    assert store.batch_ids() == [6]
+    assert (root / store.records()[6]["path"]).is_file()
+    assert store.records()[6]["path"] != f"batches/{container.name}"  # written again
+    _check_batch_whole(store, 6)
+    assert TrajectoryStore(url, read_only=False).collect_garbage(0).attempts == ()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_collector_stopped_before_its_delete_never_removes_a_container_committed_meanwhile(
+        tmp_path):
+    url = str(tmp_path / "store")
+    root = tmp_path / "store"
+    w_marker, gc_marker = tmp_path / "w", tmp_path / "gc"
+    writer = _spawn("stop", url, 3, 3, w_marker, "before-commit")
+    gc = None
+    try:
+        _wait_for(w_marker.exists, what="the writer to stop before its commit")
+        _wait_for(lambda: _stopped(writer), what="SIGSTOP")
+        _age(root)
+        # The collector checks the container is uncommitted, then stops just before deleting.
+        gc = _spawn("gc", url, gc_marker)
+        _wait_for(gc_marker.exists, what="the collector to stop before its delete")
+        _wait_for(lambda: _stopped(gc), what="SIGSTOP")
+        out, _ = _continue(writer)  # the writer commits while the collector is stopped
+        assert out.split() == ["3", "1"]
+    finally:
+        for proc in (writer, gc):
+            if proc is not None and proc.poll() is None:
+                _continue(proc)
+    store = daskrl.open_store(url)
+    assert store.batch_ids() == [3]
+    assert (root / store.records()[3]["path"]).is_file()
+    _check_batch_whole(store, 3)
