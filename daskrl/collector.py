@@ -18,7 +18,7 @@ import torch
 from distributed import Client, Future, LocalCluster, as_completed, wait
 
 from .cluster import local_cluster
-from .config import CollectorConfig, Compression, check_mapping
+from .config import CollectorConfig, Compression, check_mapping, check_seconds
 from .devices import DeviceSetting, check_device_setting
 from .envs import EnvLike, EnvSpec, check_env_vars
 from .errors import (
@@ -32,7 +32,7 @@ from .errors import (
 from .handles import BatchHandle
 from .metrics import CollectionStats
 from .rollout import check_action, split_policy_output
-from .store import BATCH_IDS_PER_RUN, TrajectoryStore
+from .store import BATCH_IDS_PER_RUN, TrajectoryStore, check_store_options, normalize_url
 from .versions import acheck_versions, check_versions
 from .weights import (
     PolicyLike,
@@ -181,12 +181,10 @@ class Collector:
         if frames_per_batch >= 1 << 24:
             raise ConfigError(f"frames_per_batch must be below {1 << 24}, got {frames_per_batch}.")
         self._device = check_device_setting(device)
-        if not isinstance(lost_workers_timeout, (int, float)) or lost_workers_timeout <= 0:
-            raise ConfigError(
-                f"lost_workers_timeout must be a positive number of seconds, got "
-                f"{lost_workers_timeout!r}."
-            )
+        check_seconds("lost_workers_timeout", lost_workers_timeout)
         self.lost_workers_timeout = float(lost_workers_timeout)
+        store_url = normalize_url(store)  # a bad store fails now, before the env is probed
+        check_store_options(store_url, storage_options)
         if not isinstance(shared_memory, bool):
             raise ConfigError(f"shared_memory must be True or False, got {shared_memory!r}.")
         self._env_vars = check_env_vars(check_mapping("env_vars", env_vars))
