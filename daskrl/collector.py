@@ -31,7 +31,7 @@ from .errors import (
 )
 from .handles import BatchHandle
 from .metrics import CollectionStats
-from .rollout import check_action, split_policy_output
+from .rollout import check_action, check_extras, split_policy_output
 from .store import BATCH_IDS_PER_RUN, TrajectoryStore, check_store_options, normalize_url
 from .versions import acheck_versions, check_versions
 from .weights import (
@@ -69,7 +69,8 @@ def _policy_device(module: torch.nn.Module) -> torch.device:
 def _check_policy_output(
     module: torch.nn.Module, env: EnvSpec, obs_space: Any, act_space: Any, n_envs: int
 ) -> None:
-    """Run the learner's policy on ``n_envs`` sample observations; check the action fits."""
+    """Run the learner's policy on ``n_envs`` sample observations; check the action fits and
+    the extra outputs can be stored (names, envs first), before any worker runs it."""
     obs = np.stack([obs_space.sample() for _ in range(n_envs)])
     try:
         with torch.inference_mode():
@@ -79,8 +80,9 @@ def _check_policy_output(
             f"the policy raised on a batch of {n_envs} sample observations of env {env.name} "
             f"(tensor {tuple(obs.shape)} {obs.dtype}): {type(e).__name__}: {e}"
         ) from e
-    action, _ = split_policy_output(out)
+    action, extras = split_policy_output(out)
     check_action(action, act_space, n_envs, env.name)
+    check_extras(extras, n_envs)
 
 
 class Collector:

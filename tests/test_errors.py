@@ -4,6 +4,7 @@ arguments, full filesystems, refused S3 credentials, misbehaving envs and polici
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import math
 import os
@@ -14,12 +15,14 @@ import uuid
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
+import torch
 
 import daskrl
-from daskrl import ConfigError, DaskrlError, StoreError, StoreURLError
+from daskrl import ConfigError, DaskrlError, EnvError, PolicyError, StoreError, StoreURLError
 from daskrl.store import TrajectoryStore
-from daskrl.testing import TagPolicy
+from daskrl.testing import CountingEnv, EnvVarPolicy, FaultyEnv, TagPolicy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sample_batches import sample_arrays, sample_meta
@@ -183,3 +186,100 @@ def test_options_an_s3_backend_refuses_are_named(s3_with_auth):
             "backend's documentation.")):
         daskrl.open_store(url, options)
     json.dumps(options)  # (plain JSON, as the CLI's --storage-options takes it)
+
+
+# -- 15: env outputs and policies on workers -------------------------------------------------------
+class IntFlagEnv(CountingEnv):
+    """Returns ``terminated`` as the integer 0 or 1 (as some older envs do)."""
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        return obs, r, np.int64(term), int(trunc), info
+
+
+WHERE = r"\n\[worker tcp://127\.0\.0\.1:\d+, weights version 0\]$"
+
+
+@pytest.mark.parametrize(("fault", "got"), [
+    ("reward-none", "reward=None (NoneType)"),
+    ("reward-vector", "reward of shape (2,) (ndarray)"),
+    ("terminated-array", "terminated of shape (1,) (ndarray)"),
+    ("terminated-str", "terminated='no' (str)"),
+])
+def test_wrong_step_outputs_name_env_step_worker_and_version(client, tmp_path, fault, got):
+    # The 3rd step of the worker process: env index 0 at step 1 (2 envs step in turn).
+    env = functools.partial(FaultyEnv, fault, at=3, token=uuid.uuid4().hex)
+    todo = ("step() must return one real number as the reward; reduce a vector reward to one "
+            "(e.g. gymnasium.wrappers.TransformReward)." if fault.startswith("reward") else
+            "step() must return terminated and truncated as bools (True/False).")
+    pattern = (re.escape(f"env factory daskrl.testing.FaultyEnv (env index 0) returned from "
+                         f"step() {got} at step 1 of batch ") + r"\d+" +
+               re.escape(f": {todo} Fix the env; the batch was discarded.") + WHERE)
+    with (
+        daskrl.Collector(env, TagPolicy(), str(tmp_path / "s"), client=client, num_workers=1,
+                         envs_per_worker=2, frames_per_batch=8, total_frames=32) as c,
+        pytest.raises(EnvError) as info,
+    ):
+        list(c)
+    assert re.fullmatch(pattern, str(info.value)), str(info.value)
+    assert daskrl.open_store(str(tmp_path / "s")).batch_ids() == []  # nothing stored from it
+
+
+def test_integer_flags_are_stored_as_bools(inproc_client, tmp_path):
+    env = functools.partial(IntFlagEnv, 3)
+    with daskrl.Collector(env, TagPolicy(), str(tmp_path / "s"), client=inproc_client,
+                          num_workers=1, envs_per_worker=2, frames_per_batch=12,
+                          total_frames=12) as c:
+        (handle,) = list(c)
+    b = handle.load()
+    assert b["terminated"].dtype == torch.bool
+    assert b["terminated"][:, 0].tolist() == [False, False, True, False, False, True]
+
+
+def test_a_policy_that_raises_only_on_workers_is_named(client, tmp_path, monkeypatch):
+    # Set here, after the workers started: the learner's check passes, the workers' step fails.
+    monkeypatch.setenv("DASKRL_TEST_POLICY_VAR", "1")
+    with (
+        daskrl.Collector("daskrl.testing:Counting-v0", EnvVarPolicy(), str(tmp_path / "s"),
+                         client=client, num_workers=1, envs_per_worker=2, frames_per_batch=8,
+                         total_frames=32) as c,
+        pytest.raises(PolicyError) as info,
+    ):
+        list(c)
+    msg = str(info.value)
+    assert re.match(re.escape("the policy raised at step 0 of batch ") + r"\d+" + re.escape(
+        " on the observations of env 'daskrl.testing:Counting-v0' (tensor (2, 2) torch.float32 "
+        "on cpu): KeyError('DASKRL_TEST_POLICY_VAR'). It ran on the learner's sample "
+        "observations: check what differs on the worker"), msg), msg
+    assert "--- the policy's traceback, on the worker ---\nTraceback" in msg
+    assert "os.environ[self.name]" in msg  # the line that raised
+    assert re.search(WHERE, msg), msg
+
+
+class _ExtrasPolicy(torch.nn.Module):
+    def __init__(self, extras: dict) -> None:
+        super().__init__()
+        self.extras = extras
+
+    def forward(self, obs: torch.Tensor) -> dict:
+        n = obs.shape[0]
+        return {"action": torch.zeros(n, dtype=torch.int64),
+                **{k: f(n) for k, f in self.extras.items()}}
+
+
+@pytest.mark.parametrize(("extras", "message"), [
+    ({"reward": lambda n: torch.zeros(n)}, "the policy returned an extra output named 'reward'; "
+     "extra outputs are stored under their own names, which must be identifiers other than"),
+    ({"log prob": lambda n: torch.zeros(n)}, "extra output named 'log prob'"),
+    ({"value": lambda n: torch.zeros(3, n)}, "policy output 'value' has shape (3, 4); per-step "
+     "outputs must have the envs first: (4, ...)."),
+])
+def test_extra_outputs_are_checked_on_the_learner(tmp_path, extras, message):
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    with pytest.raises(PolicyError, match=re.escape(message)):
+        daskrl.Collector("CartPole-v1", _ExtrasPolicy(extras), str(tmp_path / "s"),
+                         envs_per_worker=4, frames_per_batch=16)
+    assert psutil.Process().children(recursive=True) == children  # no cluster was started
+    assert not (tmp_path / "s").exists()
