@@ -70,15 +70,18 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
     ``if __name__ == "__main__":``. With ``tls`` (default: the dask config key
     ``daskrl.embedded-cluster.tls``, true unless set) the cluster uses TLS with temporary
     credentials (``distributed.security.Security.temporary``), so only this process can
-    connect. Only the comm ports listen: the scheduler's and workers' HTTP servers are closed,
+    connect. Dask's own log records below the dask config key
+    ``daskrl.embedded-cluster.log-level`` (default ``"warning"``) are dropped in every process
+    of the cluster. Only the comm ports listen: the scheduler's and workers' HTTP servers are closed,
     unless ``dashboard_address`` (e.g. ``"127.0.0.1:8787"``) asks for the scheduler's
     dashboard, or ``worker_dashboard_address`` for the workers'. Dashboards are plain HTTP
     without authentication: anyone who can reach the address can read them (see
     ``docs/security.md``). ``kwargs`` go to ``LocalCluster``.
     """
     n = n_workers or max(1, os.cpu_count() or 1)
+    level = str(dask.config.get("daskrl.embedded-cluster.log-level", "warning")).upper()
     options: dict[str, Any] = {"threads_per_worker": 1, "dashboard_address": dashboard_address,
-                               "silence_logs": logging.WARNING}
+                               "silence_logs": logging.getLevelName(level)}
     if tls is None:
         tls = bool(dask.config.get("daskrl.embedded-cluster.tls", True))
     if tls and processes and "security" not in kwargs:
