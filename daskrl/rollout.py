@@ -288,9 +288,9 @@ class EnvSet:
                 trunc_a = np.asarray(truncated)
             except ValueError:  # arrays of different shapes
                 reward_a = term_a = trunc_a = np.empty(0)
-            if (reward_a.shape != (E,) or reward_a.dtype.kind not in "biuf"
-                    or term_a.dtype != np.bool_ or trunc_a.dtype != np.bool_
-                    or term_a.shape != (E,) or trunc_a.shape != (E,)):
+            if not (reward_a.shape == term_a.shape == trunc_a.shape == (E,)
+                    and reward_a.dtype.kind in "biuf"
+                    and term_a.dtype.kind == trunc_a.dtype.kind == "b"):
                 reward_a, term_a, trunc_a = self._check_step_outputs(
                     rewards, terminated, truncated, t, batch_id)
             out["reward"][t] = reward_a
