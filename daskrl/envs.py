@@ -93,7 +93,8 @@ class EnvSpec:
         except TypeError as e:
             todo = (f" Check env_kwargs {sorted(self.env_kwargs)} (--env-kwargs): the env's "
                     "constructor takes other arguments." if self.env_kwargs else "")
-            raise EnvError(f"could not make env {self.name}: TypeError: {e}.{todo}") from e
+            msg = str(e).rstrip(".")
+            raise EnvError(f"could not make env {self.name}: TypeError: {msg}.{todo}") from e
         except Exception as e:
             raise EnvError(f"could not make env {self.name}: {type(e).__name__}: {e}") from e
         if isinstance(env, gym.vector.VectorEnv):
