@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import math
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +40,55 @@ def _load_object(spec: str) -> Any:
         except AttributeError as e:
             raise DaskrlError(f"--policy {spec!r}: {module!r} has no attribute {attr!r}.") from e
     return obj
+
+
+def _make_policy(spec: str | None, obs_space: Any, act_space: Any) -> Any:
+    """The ``--policy`` factory's module for the env's spaces (default: an untrained MLP)."""
+    import torch
+
+    from .policies import MLPPolicy
+
+    if spec is None:
+        return MLPPolicy(obs_space, act_space)
+    factory = _load_object(spec)
+    if not callable(factory):
+        raise DaskrlError(f"--policy {spec!r} is a {type(factory).__name__}, not a callable.")
+    try:
+        inspect.signature(factory).bind(obs_space, act_space)
+    except TypeError as e:
+        raise DaskrlError(
+            f"--policy {spec!r} cannot be called as factory(observation_space, action_space) "
+            f"({e}): give it those two parameters, e.g. def make_policy(observation_space, "
+            "action_space) -> torch.nn.Module."
+        ) from None
+    except ValueError:  # no signature to inspect (some builtins): just call it
+        pass
+    try:
+        module = factory(obs_space, act_space)
+    except Exception as e:
+        raise DaskrlError(
+            f"--policy {spec!r} raised when called with the env's spaces: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(module, torch.nn.Module):
+        raise DaskrlError(
+            f"--policy {spec!r} returned a {type(module).__name__}; the factory must return a "
+            "torch.nn.Module."
+        )
+    return module
+
+
+def _json_object(flag: str) -> Any:
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object: {e}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object, got {text!r}")
+        return value
+
+    return parse
 
 
 def _env_var(text: str) -> tuple[str, str]:
@@ -82,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default="auto", help="policy device on workers (default auto)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "none"])
-    c.add_argument("--env-kwargs", type=json.loads, default=None, help="JSON object for gymnasium.make")
+    c.add_argument("--env-kwargs", type=_json_object("--env-kwargs"), default=None,
+                   help="JSON object for gymnasium.make")
     c.add_argument("--env-var", type=_env_var, action="append", default=[],
                    help="NAME=VALUE set on every worker (repeatable)")
     c.add_argument("--policy", default=None,
@@ -96,6 +148,11 @@ def _parser() -> argparse.ArgumentParser:
                        "worker's versions differ or its device cannot be used.")
     _add_cluster_args(i)
     add_store_commands(sub)
+    debug = "on an error, print the full error and its traceback (default: one line)"
+    p.add_argument("--debug", action="store_true", help=debug)
+    for command in sub.choices.values():  # also after the command: daskrl collect --debug
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help=debug)
     return p
 
 
@@ -125,18 +182,13 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    import gymnasium as gym
     from tqdm import tqdm
 
     from .collector import Collector
-    from .policies import MLPPolicy
+    from .envs import EnvSpec
 
-    probe = gym.make(args.env, **(args.env_kwargs or {})) if args.env else None
-    try:
-        factory = _load_object(args.policy) if args.policy else MLPPolicy
-        policy = factory(probe.observation_space, probe.action_space)
-    finally:
-        probe.close()
+    obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
+    policy = _make_policy(args.policy, obs_space, act_space)
     deployment = _deployment(args, workers=args.workers)
     client = deployment.client if deployment is not None else None
     try:
@@ -253,8 +305,27 @@ def _info(args: argparse.Namespace) -> int:
         deployment.close()
 
 
+def error_line(e: BaseException) -> str:
+    """One line for an error: its message's first line, plus the worker and weights version a
+    worker's error names; ``--debug`` shows the rest (the env's or policy's traceback...)."""
+    lines = [line for line in str(e).splitlines() if line.strip()] or [""]
+    text = lines[0]
+    where = [line for line in lines[1:] if line.startswith("[worker ")]
+    if where:
+        text = f"{text} {where[-1]}"
+    if not isinstance(e, DaskrlError):
+        text = f"{type(e).__name__}: {text}".rstrip(": ")
+    if len(lines) > 1 + len(where) or not isinstance(e, (DaskrlError, ValueError)):
+        text += " (--debug shows the full error)"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``daskrl`` command."""
+    """Entry point of the ``daskrl`` command.
+
+    Errors print one line (``daskrl: error: ...``) and exit with status 2 (1 for an
+    unexpected error, 130 when interrupted); ``--debug`` prints the traceback too.
+    """
     import dask
 
     args = _parser().parse_args(argv)
@@ -262,9 +333,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SLURM cluster's jobs are cancelled and its TLS key files deleted on the way out.
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
-    no_tls = {"daskrl.embedded-cluster.tls": False} if getattr(args, "no_tls", False) else {}
+    debug = getattr(args, "debug", False)
+    config: dict[str, Any] = {}
+    if getattr(args, "no_tls", False):
+        config["daskrl.embedded-cluster.tls"] = False
+    if not debug:  # a batch's error reaches this process and is printed once, in one line
+        config["daskrl.embedded-cluster.log-level"] = "critical"
     try:
-        with dask.config.set(no_tls):
+        with dask.config.set(config):
             if args.command == "collect":
                 return _collect(args)
             if args.command == "info":
@@ -272,12 +348,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = run_store_command(args)
             if code is not None:
                 return code
-    except (DaskrlError, ValueError) as e:
-        print(f"daskrl: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
         print("daskrl: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        print(f"daskrl: error: {error_line(e)}", file=sys.stderr)
+        return 2 if isinstance(e, (DaskrlError, ValueError)) else 1
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)

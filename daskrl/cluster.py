@@ -5,6 +5,12 @@ login node even ``127.0.0.1`` is reachable by other users. So the embedded clust
 with temporary credentials held by this process only, unless told otherwise:
 ``local_cluster(tls=False)``, ``daskrl collect --no-tls``, or the dask config key
 ``daskrl.embedded-cluster.tls: false`` (env ``DASK_DASKRL__EMBEDDED_CLUSTER__TLS=False``).
+
+Dask's scheduler and every worker also serve plain, unauthenticated HTTP (the scheduler's
+``/info`` pages with worker logs, the workers' ``/metrics`` and ``/health``) even without a
+dashboard. The embedded cluster closes those servers unless a dashboard is asked for
+(``dashboard_address=``, ``worker_dashboard_address=``): only the TLS comm ports of the
+scheduler, the nannies and the workers listen (see ``docs/security.md``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
-__all__ = ["WORKER_CONFIG", "local_cluster"]
+__all__ = ["WORKER_CONFIG", "dask_setup", "local_cluster"]
 
 WORKER_CONFIG: dict[str, Any] = {
     # The statistical profiler samples every task thread's stack each 10 ms, and the event
@@ -26,9 +32,37 @@ WORKER_CONFIG: dict[str, Any] = {
 }
 """Dask settings of the embedded cluster's workers (deployment knobs, not algorithm ones)."""
 
+_PRELOAD = __name__
+"""This module is the preload (``dask_setup``) that closes a server's HTTP listener."""
+
+
+def dask_setup(server: Any) -> None:
+    """Dask preload hook: close ``server``'s HTTP listener (scheduler or worker).
+
+    Dask starts an HTTP server on every scheduler and worker, dashboard or not, before it runs
+    preloads; the embedded cluster starts them with no routes (every request gets 404) and this
+    hook, run before the server is handed over, stops them listening.
+    """
+    http = getattr(server, "http_server", None)
+    if http is not None:
+        http.stop()  # closes the listening sockets
+        server.services.pop("dashboard", None)  # advertise no port that is closed
+
+
+def _closed_http_config(scheduler: bool, workers: bool) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for role, close in (("scheduler", scheduler), ("worker", workers)):
+        if close:
+            preload = dask.config.get(f"distributed.{role}.preload") or []
+            preload = [preload] if isinstance(preload, str) else list(preload)
+            config[f"distributed.{role}.http.routes"] = []
+            config[f"distributed.{role}.preload"] = [*preload, _PRELOAD]
+    return config
+
 
 def local_cluster(n_workers: int | None = None, *, processes: bool = True,
-                  tls: bool | None = None, **kwargs: Any) -> LocalCluster:
+                  tls: bool | None = None, dashboard_address: str | None = None,
+                  **kwargs: Any) -> LocalCluster:
     """A ``LocalCluster`` of ``n_workers`` one-thread workers (default: one per core).
 
     Workers are spawn-started processes (``processes=True``), which is safe on macOS and
@@ -36,11 +70,18 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
     ``if __name__ == "__main__":``. With ``tls`` (default: the dask config key
     ``daskrl.embedded-cluster.tls``, true unless set) the cluster uses TLS with temporary
     credentials (``distributed.security.Security.temporary``), so only this process can
-    connect. ``kwargs`` go to ``LocalCluster``.
+    connect. Dask's own log records below the dask config key
+    ``daskrl.embedded-cluster.log-level`` (default ``"warning"``) are dropped in every process
+    of the cluster. Only the comm ports listen: the scheduler's and workers' HTTP servers are closed,
+    unless ``dashboard_address`` (e.g. ``"127.0.0.1:8787"``) asks for the scheduler's
+    dashboard, or ``worker_dashboard_address`` for the workers'. Dashboards are plain HTTP
+    without authentication: anyone who can reach the address can read them (see
+    ``docs/security.md``). ``kwargs`` go to ``LocalCluster``.
     """
     n = n_workers or max(1, os.cpu_count() or 1)
-    options: dict[str, Any] = {"threads_per_worker": 1, "dashboard_address": None,
-                               "silence_logs": logging.WARNING}
+    level = str(dask.config.get("daskrl.embedded-cluster.log-level", "warning")).upper()
+    options: dict[str, Any] = {"threads_per_worker": 1, "dashboard_address": dashboard_address,
+                               "silence_logs": logging.getLevelName(level)}
     if tls is None:
         tls = bool(dask.config.get("daskrl.embedded-cluster.tls", True))
     if tls and processes and "security" not in kwargs:
@@ -54,6 +95,16 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
                 'pip install "daskrl[tls]" (or local_cluster(tls=False) to opt out).'
             ) from e
         options["protocol"] = "tls://"
+    no_dashboard = dashboard_address is None
+    if no_dashboard:
+        # Dask binds the scheduler's HTTP server to port 8787 (or the next free one) even
+        # without a dashboard: bind it to a random loopback port instead, until it is closed.
+        scheduler_kwargs = dict(kwargs.pop("scheduler_kwargs", None) or {})
+        scheduler_kwargs.setdefault("dashboard_address", "127.0.0.1:0")
+        scheduler_kwargs.setdefault("dashboard", False)
+        options["scheduler_kwargs"] = scheduler_kwargs
+    config = {**WORKER_CONFIG,
+              **_closed_http_config(no_dashboard, kwargs.get("worker_dashboard_address") is None)}
     options.update(kwargs)
-    with dask.config.set(WORKER_CONFIG):
+    with dask.config.set(config):
         return LocalCluster(n_workers=n, processes=processes, **options)

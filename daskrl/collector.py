@@ -18,7 +18,7 @@ import torch
 from distributed import Client, Future, LocalCluster, as_completed, wait
 
 from .cluster import local_cluster
-from .config import CollectorConfig, Compression, check_mapping
+from .config import CollectorConfig, Compression, check_mapping, check_seconds
 from .devices import DeviceSetting, check_device_setting
 from .envs import EnvLike, EnvSpec, check_env_vars
 from .errors import (
@@ -31,8 +31,8 @@ from .errors import (
 )
 from .handles import BatchHandle
 from .metrics import CollectionStats
-from .rollout import check_action, split_policy_output
-from .store import BATCH_IDS_PER_RUN, TrajectoryStore
+from .rollout import check_action, check_extras, split_policy_output
+from .store import BATCH_IDS_PER_RUN, TrajectoryStore, check_store_options, normalize_url
 from .versions import acheck_versions, check_versions
 from .weights import (
     PolicyLike,
@@ -69,7 +69,8 @@ def _policy_device(module: torch.nn.Module) -> torch.device:
 def _check_policy_output(
     module: torch.nn.Module, env: EnvSpec, obs_space: Any, act_space: Any, n_envs: int
 ) -> None:
-    """Run the learner's policy on ``n_envs`` sample observations; check the action fits."""
+    """Run the learner's policy on ``n_envs`` sample observations; check the action fits and
+    the extra outputs can be stored (names, envs first), before any worker runs it."""
     obs = np.stack([obs_space.sample() for _ in range(n_envs)])
     try:
         with torch.inference_mode():
@@ -79,8 +80,9 @@ def _check_policy_output(
             f"the policy raised on a batch of {n_envs} sample observations of env {env.name} "
             f"(tensor {tuple(obs.shape)} {obs.dtype}): {type(e).__name__}: {e}"
         ) from e
-    action, _ = split_policy_output(out)
+    action, extras = split_policy_output(out)
     check_action(action, act_space, n_envs, env.name)
+    check_extras(extras, n_envs)
 
 
 class Collector:
@@ -181,12 +183,10 @@ class Collector:
         if frames_per_batch >= 1 << 24:
             raise ConfigError(f"frames_per_batch must be below {1 << 24}, got {frames_per_batch}.")
         self._device = check_device_setting(device)
-        if not isinstance(lost_workers_timeout, (int, float)) or lost_workers_timeout <= 0:
-            raise ConfigError(
-                f"lost_workers_timeout must be a positive number of seconds, got "
-                f"{lost_workers_timeout!r}."
-            )
+        check_seconds("lost_workers_timeout", lost_workers_timeout)
         self.lost_workers_timeout = float(lost_workers_timeout)
+        store_url = normalize_url(store)  # a bad store fails now, before the env is probed
+        check_store_options(store_url, storage_options)
         if not isinstance(shared_memory, bool):
             raise ConfigError(f"shared_memory must be True or False, got {shared_memory!r}.")
         self._env_vars = check_env_vars(check_mapping("env_vars", env_vars))

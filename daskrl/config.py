@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["CollectorConfig", "Compression"]
+__all__ = ["CollectorConfig", "Compression", "check_seconds"]
 
 
 class Compression(str, enum.Enum):
@@ -30,6 +31,19 @@ def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: i
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         expected = f"an integer >= {minimum}" + (" or None" if allow_none else "")
         raise ConfigError(f"{name} must be {expected}, got {value!r}.")
+
+
+def check_seconds(name: str, value: Any, *, allow_none: bool = False) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a positive, finite number of seconds
+    (not a bool, not NaN), or None where ``allow_none``."""
+    if value is None and allow_none:
+        return
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
+        none = " (None: no limit)" if allow_none else ""
+        raise ConfigError(
+            f"{name} must be a positive, finite number of seconds{none}, got {value!r}."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,15 +99,7 @@ class CollectorConfig:
         _positive_int("num_workers", self.num_workers, allow_none=True)
         _positive_int("batches_in_flight", self.batches_in_flight)
         _positive_int("max_env_restarts", self.max_env_restarts, minimum=0)
-        if self.batch_timeout is not None and (
-            isinstance(self.batch_timeout, bool)
-            or not isinstance(self.batch_timeout, (int, float))
-            or self.batch_timeout <= 0
-        ):
-            raise ConfigError(
-                f"batch_timeout must be a positive number of seconds or None, got "
-                f"{self.batch_timeout!r}."
-            )
+        check_seconds("batch_timeout", self.batch_timeout, allow_none=True)
         if self.on_env_error not in ("raise", "restart"):
             raise ConfigError(
                 f"on_env_error must be 'raise' or 'restart', got {self.on_env_error!r}."

@@ -90,6 +90,11 @@ class EnvSpec:
                 f"could not make env {self.name}: {e} Check the id (registered ids: "
                 "gymnasium.pprint_registry()) and import the package that registers it."
             ) from e
+        except TypeError as e:
+            todo = (f" Check env_kwargs {sorted(self.env_kwargs)} (--env-kwargs): the env's "
+                    "constructor takes other arguments." if self.env_kwargs else "")
+            msg = str(e).rstrip(".")
+            raise EnvError(f"could not make env {self.name}: TypeError: {msg}.{todo}") from e
         except Exception as e:
             raise EnvError(f"could not make env {self.name}: {type(e).__name__}: {e}") from e
         if isinstance(env, gym.vector.VectorEnv):

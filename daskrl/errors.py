@@ -18,6 +18,7 @@ __all__ = [
     "SlurmJobError",
     "StoreError",
     "StoreFormatError",
+    "StoreURLError",
     "VersionMismatchError",
     "WeightsIntegrityError",
 ]
@@ -59,6 +60,11 @@ class StoreError(DaskrlError, OSError):
 
 class StoreFormatError(StoreError):
     """The store's layout or metadata is not one this version of daskrl can read."""
+
+
+class StoreURLError(StoreError, ValueError):
+    """The store URL or its ``storage_options`` are not ones daskrl can open (wrong type,
+    unknown fsspec protocol, options the backend refuses)."""
 
 
 class BatchNotFoundError(StoreError, KeyError):

@@ -21,7 +21,7 @@ from gymnasium import spaces
 from .envs import EnvSpec, space_dtype
 from .errors import BatchTimeoutError, EnvError, PolicyError
 
-__all__ = ["EPISODE_ID_STRIDE", "EnvSet", "check_action", "split_policy_output"]
+__all__ = ["EPISODE_ID_STRIDE", "EnvSet", "check_action", "check_extras", "split_policy_output"]
 
 MAX_EPISODE_STEPS = 1_000_000
 """An episode this long without an end is taken for an env that never ends one."""
@@ -109,13 +109,51 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def _check_extra_name(name: str) -> None:
-    if name in RESERVED_KEYS or not name.isidentifier():
-        raise PolicyError(
-            f"the policy returned an extra output named {name!r}; extra outputs are stored "
-            f"under their own names, which must be identifiers other than {sorted(RESERVED_KEYS)}."
-            " Rename it."
-        )
+def check_extras(extras: Mapping[str, torch.Tensor], n_envs: int) -> None:
+    """Raise :class:`PolicyError` unless every extra output has a storable name and the envs
+    first (``[n_envs, ...]``). Run on the learner's sample output and on each batch's first."""
+    for name, v in extras.items():
+        if name in RESERVED_KEYS or not name.isidentifier():
+            raise PolicyError(
+                f"the policy returned an extra output named {name!r}; extra outputs are stored "
+                f"under their own names, which must be identifiers other than "
+                f"{sorted(RESERVED_KEYS)}. Rename it."
+            )
+        if tuple(v.shape[:1]) != (n_envs,):
+            raise PolicyError(
+                f"policy output {name!r} has shape {tuple(v.shape)}; per-step outputs must have "
+                f"the envs first: ({n_envs}, ...)."
+            )
+
+
+def _policy_error(e: BaseException, env_name: str, t: int, batch_id: int,
+                  obs: torch.Tensor) -> PolicyError:
+    """A :class:`PolicyError` for a policy that raised while collecting, with its traceback in
+    the message (exception chains do not survive pickling from a Dask worker)."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
+    return PolicyError(
+        f"the policy raised at step {t} of batch {batch_id} on the observations of env "
+        f"{env_name} (tensor {tuple(obs.shape)} {obs.dtype} on {obs.device}): {e!r}. It ran on "
+        "the learner's sample observations: check what differs on the worker (its files, "
+        "environment variables, device, or the env's real observations)."
+        f"\n--- the policy's traceback, on the worker ---\n{tb}"
+    )
+
+
+def _is_flag(x: Any) -> bool:
+    """True for a bool (Python, numpy, 0-d array) or an integer 0 or 1."""
+    if isinstance(x, (bool, np.bool_)):
+        return True
+    if isinstance(x, np.ndarray):
+        return x.shape == () and (x.dtype == np.bool_ or (x.dtype.kind in "iu" and x in (0, 1)))
+    return isinstance(x, (int, np.integer)) and x in (0, 1)
+
+
+def _is_reward(x: Any) -> bool:
+    """True for a real number (Python, numpy, 0-d array)."""
+    if isinstance(x, np.ndarray):
+        return x.shape == () and x.dtype.kind in "biuf"
+    return isinstance(x, (int, float, np.integer, np.floating, np.bool_))
 
 
 class EnvSet:
@@ -204,21 +242,20 @@ class EnvSet:
             # On CPU the policy reads the observation in place (it is not changed until the
             # policy has returned); elsewhere it is copied to the device.
             obs_t = torch.from_numpy(self.obs) if on_cpu else torch.as_tensor(self.obs, device=device)
-            with no_grad:
-                action_t, extra_t = split_policy_output(policy(obs_t))
+            try:
+                with no_grad:
+                    policy_out = policy(obs_t)
+            except Exception as e:
+                raise _policy_error(e, self.spec.name, t, batch_id, obs_t) from e
+            action_t, extra_t = split_policy_output(policy_out)
             if t == 0:
                 check_action(action_t, self.act_space, E, self.spec.name)
+                check_extras(extra_t, E)
             action = _to_numpy(action_t)
             if t == 0:
                 out["action"] = np.empty((steps, *action.shape), action.dtype)
                 for k, v in extra_t.items():
-                    _check_extra_name(k)
                     v_np = _to_numpy(v)
-                    if v_np.shape[:1] != (E,):
-                        raise PolicyError(
-                            f"policy output {k!r} has shape {tuple(v.shape)}; per-step outputs "
-                            f"must have the envs first: ({E}, ...)."
-                        )
                     extras[k] = np.empty((steps, *v_np.shape), v_np.dtype)
             for k, v in extra_t.items():
                 extras[k][t] = _to_numpy(v)
@@ -243,10 +280,23 @@ class EnvSet:
                 if getattr(nobs, "shape", None) != obs_shape or nobs.dtype.kind not in "biuf":
                     self._check_obs(nobs, i, t, batch_id, "step()")
                 next_obs[i] = nobs
-            out["reward"][t] = rewards
-            out["terminated"][t] = terminated
-            out["truncated"][t] = truncated
-            self.episode_return += rewards  # float64 sums of the env's own rewards
+            # One conversion per step checks all envs' outputs at once; only a wrong one takes
+            # the slow path that finds and names it.
+            try:
+                reward_a = np.asarray(rewards)
+                term_a = np.asarray(terminated)
+                trunc_a = np.asarray(truncated)
+            except ValueError:  # arrays of different shapes
+                reward_a = term_a = trunc_a = np.empty(0)
+            if not (reward_a.shape == term_a.shape == trunc_a.shape == (E,)
+                    and reward_a.dtype.kind in "biuf"
+                    and term_a.dtype.kind == trunc_a.dtype.kind == "b"):
+                reward_a, term_a, trunc_a = self._check_step_outputs(
+                    rewards, terminated, truncated, t, batch_id)
+            out["reward"][t] = reward_a
+            out["terminated"][t] = term_a
+            out["truncated"][t] = trunc_a
+            self.episode_return += reward_a  # float64 sums of the env's own rewards
             self.episode_step += 1
             self.obs[...] = next_obs
             for i in np.flatnonzero(out["terminated"][t] | out["truncated"][t]):
@@ -287,6 +337,36 @@ class EnvSet:
                 f"observation space {self.obs_space!r} says shape {expected}, dtype "
                 f"{self.obs.dtype}. Fix the env or its observation_space."
             )
+
+    def _check_step_outputs(
+        self, rewards: list[Any], terminated: list[Any], truncated: list[Any], t: int,
+        batch_id: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Raise :class:`EnvError` naming the first env whose ``step()`` returned a reward
+        that is not one real number, or a ``terminated``/``truncated`` that is not a bool;
+        return the outputs as arrays otherwise (flags given as integers 0 and 1 are bools)."""
+        for i in range(self.n_envs):
+            for what, value, ok in (("reward", rewards[i], _is_reward),
+                                    ("terminated", terminated[i], _is_flag),
+                                    ("truncated", truncated[i], _is_flag)):
+                if ok(value):
+                    continue
+                shape = getattr(value, "shape", None)
+                got = (f"{what} of shape {tuple(shape)}" if shape not in (None, ())
+                       else f"{what}={value!r}")
+                if what == "reward":
+                    todo = ("step() must return one real number as the reward; reduce a "
+                            "vector reward to one (e.g. gymnasium.wrappers.TransformReward).")
+                else:
+                    todo = "step() must return terminated and truncated as bools (True/False)."
+                self._needs_reset = True
+                raise EnvError(
+                    f"env {self.spec.name} (env index {i}) returned from step() {got} "
+                    f"({type(value).__name__}) at step {t} of batch {batch_id}: {todo} Fix "
+                    "the env; the batch was discarded."
+                )
+        return (np.array([float(r) for r in rewards]), np.array([bool(x) for x in terminated]),
+                np.array([bool(x) for x in truncated]))
 
     def _env_actions(self, action: np.ndarray) -> list[Any]:
         """Per-env actions for ``env.step``: Box clipped to bounds, Discrete as Python ints."""

@@ -17,6 +17,8 @@ and dropped.  Stores of format 1.x (one directory tree per attempt) are still re
 
 from __future__ import annotations
 
+import difflib
+import errno
 import json
 import logging
 import os
@@ -27,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import torch
 from zarr.core.buffer import default_buffer_prototype
@@ -35,7 +38,7 @@ from zarr.storage import FsspecStore, LocalStore
 
 from . import local_io
 from .config import Compression
-from .errors import BatchNotFoundError, StoreError, StoreFormatError
+from .errors import BatchNotFoundError, StoreError, StoreFormatError, StoreURLError
 from .handles import BatchHandle
 from .housekeeping import StoreHousekeeping
 from .readers import StoreReaders
@@ -64,14 +67,58 @@ _OPTIONS: dict[str, dict[str, Any]] = {}
 
 def normalize_url(url: str | os.PathLike[str]) -> str:
     """``file://`` URL of an absolute path for local paths; other URLs unchanged."""
-    url = os.fspath(url)
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
     if not isinstance(url, str) or not url:
-        raise StoreError(f"store must be a local path or an fsspec URL, got {url!r}.")
+        raise StoreURLError(
+            f"store must be a local path or an fsspec URL (a non-empty str or os.PathLike), "
+            f"got {url!r}. Pass e.g. store='runs/demo' or store='s3://bucket/prefix'."
+        )
     if "://" not in url:
         return "file://" + str(Path(url).expanduser().absolute())
     if url.startswith("file://"):
         return "file://" + str(Path(url[len("file://") :]).expanduser().absolute())
     return url.rstrip("/")
+
+
+def check_store_options(url: str, storage_options: Any) -> dict[str, Any]:
+    """Validate ``storage_options`` for the (normalized) store ``url`` and the URL's fsspec
+    protocol, on the learner, before anything is opened; return the options as a dict."""
+    if storage_options is None:
+        storage_options = {}
+    if not isinstance(storage_options, Mapping) or not all(
+            isinstance(k, str) for k in storage_options):
+        raise StoreURLError(
+            f"storage_options must be a mapping with string keys (fsspec options such as "
+            f"{{'anon': True}}) or None, got {type(storage_options).__name__} "
+            f"{storage_options!r}. Parse a JSON text first: json.loads(text)."
+        )
+    if url.startswith("file://"):
+        if storage_options:
+            raise StoreURLError(
+                f"store {url!r} is a local path, which takes no storage_options (they go to "
+                f"fsspec backends such as s3://), got {sorted(storage_options)}. Drop them, "
+                "or give the store's fsspec URL."
+            )
+        return {}
+    for part in url.split("::"):  # chained URLs: "simplecache::s3://bucket/prefix"
+        protocol = part.split("://", 1)[0] if "://" in part else part
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except ImportError as e:
+            raise StoreError(
+                f"cannot open store {url!r}: {e}. Install the fsspec backend for this protocol "
+                "(e.g. pip install s3fs for s3://)."
+            ) from e
+        except ValueError:
+            close = difflib.get_close_matches(protocol, fsspec.available_protocols(), n=3,
+                                            cutoff=0.5)
+            hint = f"Did you mean {' or '.join(repr(c + '://') for c in close)}? " if close else ""
+            raise StoreURLError(
+                f"store {url!r} names the unknown fsspec protocol {protocol!r}. {hint}Give a "
+                "local path or a URL whose protocol fsspec knows (fsspec.available_protocols())."
+            ) from None
+    return dict(storage_options)
 
 
 def _zarr_store(url: str, storage_options: Mapping[str, Any] | None, read_only: bool) -> Any:
@@ -108,7 +155,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         read_only: bool = True,
     ) -> None:
         self.url = normalize_url(url)
-        self.storage_options = dict(storage_options or {})
+        self.storage_options = check_store_options(self.url, storage_options)
         self.read_only = read_only
         self._zstore = _zarr_store(self.url, self.storage_options, read_only)
         self._commits: dict[int, dict[str, Any]] = {}
@@ -118,14 +165,40 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
 
     # -- low level ---------------------------------------------------------------------------
     def _get_json(self, key: str) -> dict[str, Any] | None:
-        if isinstance(self._zstore, LocalStore):
-            raw = local_io.read_file(self._zstore.root, key)
-            return None if raw is None else json.loads(raw)
         try:
-            buf = sync(self._zstore.get(key, prototype=default_buffer_prototype()))
-        except FileNotFoundError:  # a read-only LocalStore whose root does not exist
-            return None
-        return None if buf is None else json.loads(buf.to_bytes())
+            if isinstance(self._zstore, LocalStore):
+                raw = local_io.read_file(self._zstore.root, key)
+            else:
+                try:
+                    buf = sync(self._zstore.get(key, prototype=default_buffer_prototype()))
+                except FileNotFoundError:  # a read-only LocalStore whose root does not exist
+                    return None
+                raw = None if buf is None else buf.to_bytes()
+        except StoreError:
+            raise
+        except (OSError, TypeError) as e:  # TypeError: a backend refusing an unknown option
+            raise self._access_error(f"read {key!r}", e) from e
+        return None if raw is None else json.loads(raw)
+
+    def _access_error(self, what: str, e: BaseException) -> StoreError:
+        """A :class:`StoreError` for an I/O error (or a backend refusing its options) that
+        names the store and says what to do."""
+        if isinstance(e, TypeError):  # an fsspec backend refusing an option it does not know
+            return StoreURLError(
+                f"cannot {what} in store {self.url!r}: the fsspec backend refused its "
+                f"storage_options ({e}). Check the option names "
+                f"{sorted(self.storage_options)} against the backend's documentation."
+            )
+        if isinstance(e, PermissionError):
+            local = self.url.startswith("file://")
+            todo = ("Check the permissions of the store's directory." if local else
+                    "Check the credentials in storage_options (key/secret, token, profile) "
+                    "or the environment, and that they may read and write this prefix.")
+            return StoreError(f"cannot {what} in store {self.url!r}: access denied ({e}). {todo}")
+        full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        todo = ("The store's filesystem is full: free space or use another store." if full else
+                "Check that the store is reachable and writable.")
+        return StoreError(f"cannot {what} in store {self.url!r} ({type(e).__name__}: {e}). {todo}")
 
     def _create_exclusive(self, key: str, doc: Mapping[str, Any]) -> bool:
         """Create ``key`` unless it exists; True if this call's document is the one stored."""
@@ -339,6 +412,13 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 logger.warning("batch %d: the commit's temporary file of %r was removed by a "
                                "garbage collector; writing the batch again", batch_id, path)
                 continue
+            except OSError as e:  # e.g. ENOSPC: the container fitted, its commit record did not
+                self._delete_attempt(path)
+                if isinstance(e, StoreError):
+                    raise
+                raise self._access_error(
+                    f"write the commit record of batch {batch_id} (the batch was not committed; "
+                    "its container was removed)", e) from e
             if not committed:
                 self._delete_attempt(path)
                 return path, False

@@ -20,6 +20,7 @@ __all__ = [
     "ContinuityReport",
     "CountingEnv",
     "EnvVarEnv",
+    "EnvVarPolicy",
     "FaultyEnv",
     "NoisePolicy",
     "SlowEnv",
@@ -156,7 +157,9 @@ class FaultyEnv(CountingEnv):
     """A :class:`CountingEnv` that misbehaves at its ``at``-th step (counted per process).
 
     ``fault`` is one of ``"raise"``, ``"reset"`` (raise in the next reset), ``"nan"``,
-    ``"shape"``, ``"dtype"``, ``"hang"`` (sleep ``hang`` seconds). With ``once=True`` only the
+    ``"shape"``, ``"dtype"``, ``"hang"`` (sleep ``hang`` seconds), or a wrong step output:
+    ``"reward-none"``, ``"reward-vector"``, ``"terminated-array"``, ``"terminated-str"`` (the
+    string ``"no"``). With ``once=True`` only the
     first env of the process to reach the step misbehaves, so a restarted env works. Envs
     sharing a ``token`` share the step count; give each test its own.
     """
@@ -196,7 +199,30 @@ class FaultyEnv(CountingEnv):
                 import time
 
                 time.sleep(self.hang)
+            elif self.fault == "reward-none":
+                r = None
+            elif self.fault == "reward-vector":
+                r = np.array([r, r])
+            elif self.fault == "terminated-array":
+                term = np.array([term])
+            elif self.fault == "terminated-str":
+                term = "no"
         return obs, r, term, trunc, info
+
+
+class EnvVarPolicy(TagPolicy):
+    """A :class:`TagPolicy` that reads the environment variable ``name`` at every step: it
+    raises ``KeyError`` where that is unset (say, set on the learner but not on workers)."""
+
+    def __init__(self, name: str = "DASKRL_TEST_POLICY_VAR") -> None:
+        super().__init__()
+        self.name = name
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        import os
+
+        os.environ[self.name]  # the lookup is the point
+        return super().forward(obs)
 
 
 class NoisePolicy(nn.Module):

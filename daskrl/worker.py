@@ -22,7 +22,14 @@ from distributed import Future, WorkerPlugin, get_client, get_worker
 from .config import CollectorConfig
 from .devices import DeviceSetting, resolve_device
 from .envs import EnvSpec, apply_env_vars
-from .errors import BatchTimeoutError, DaskrlError, EnvError, StoreError, WeightsNotSharedError
+from .errors import (
+    BatchTimeoutError,
+    DaskrlError,
+    EnvError,
+    PolicyError,
+    StoreError,
+    WeightsNotSharedError,
+)
 from .handles import BatchHandle
 from .rollout import EnvSet
 from .store import TrajectoryStore
@@ -332,6 +339,10 @@ def _collect_and_write(plugin: CollectorPlugin, worker: Any,
                     batch_timeout=cfg.batch_timeout,
                 )
                 break
+            except PolicyError as e:  # the policy raised on this worker: no restart helps
+                plugin.drop_envset(task.stream)  # they stopped mid-batch
+                raise PolicyError(f"{e}\n[worker {worker.address}, weights version "
+                                  f"{task.weights_version}]") from e
             except (EnvError, BatchTimeoutError) as e:
                 # The envs' state is unknown now: they are closed and rebuilt.
                 plugin.drop_envset(task.stream)

@@ -93,3 +93,33 @@ def slurm(slurm_session, monkeypatch):
         yield slurm_session
     finally:
         slurm_session.cancel_all()
+
+
+@pytest.fixture
+def s3_with_auth():
+    """A moto S3 server on loopback that checks credentials (its IAM knows no keys, so every
+    key is refused), with one bucket; ``endpoint``."""
+    import urllib.request
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+
+    def auth_after(count: str) -> None:  # moto's switch: authenticate after `count` requests
+        req = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=count.encode(),
+                                     method="POST", headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(req, timeout=30).read()
+
+    try:
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="setup",
+                     aws_secret_access_key="setup", region_name="us-east-1"
+                     ).create_bucket(Bucket="daskrl-auth")
+        auth_after("0")
+        yield endpoint
+    finally:
+        auth_after("inf")  # moto's settings are per process: restore them for other tests
+        server.stop()
