@@ -621,12 +621,17 @@ class Collector:
         left moves to the live worker with the fewest streams."""
         live = self._live_workers()
         current = self._stream_workers[stream]
-        if live and current not in live:
-            load = dict.fromkeys(live, 0)
-            for s, w in enumerate(self._stream_workers):
-                if w in load and s != stream:
-                    load[w] += 1
-            self._stream_workers[stream] = min(live, key=lambda w: (load[w], w))
+        if not live:
+            return current
+        load = dict.fromkeys(live, 0)
+        for s, w in enumerate(self._stream_workers):
+            if w in load and s != stream:
+                load[w] += 1
+        idle = min(live, key=lambda w: (load[w], w))
+        # A stream leaves a departed worker, or one with two streams more than another
+        # (a replacement joined): its envs start afresh there, at a batch boundary.
+        if current not in live or load[current] > load[idle]:
+            self._stream_workers[stream] = idle
         return self._stream_workers[stream]
 
     def _hand_over(self, task: BatchTask, handle: BatchHandle) -> BatchHandle | None:
