@@ -210,3 +210,30 @@ def test_tls_across_hosts(shared, tmp_path):
         assert {_host_of(h) for h in result["handles"]} == {
             cluster.hosts.address(1), cluster.hosts.address(2)}
         check_store(store, FRAMES_PER_BATCH * 8, result["handles"])
+
+
+@pytest.mark.timeout(300)
+def test_weights_reach_each_host_once_per_version(shared):
+    """Two workers on each of two hosts: the learner sends each version to one worker (its
+    seed); one worker per host fetches it, the other reads that worker's copy in the host's
+    shared memory (checksums verified against the learner's)."""
+    with dask_hosts(shared, 3, workers_per_host=2) as cluster:
+        cluster.wait_for_workers(4)
+        store = str(shared / "store")
+        learner = cluster.learner("per-host", {
+            "store": store, "update_weights": True, "collector": _collector(16)})
+        result = learner.result(timeout=CUT_BOUND)
+        assert result["error"] is None, learner.log()
+        check_store(store, FRAMES_PER_BATCH * 16, result["handles"])
+        by_host_version: dict[tuple[str, int], list[str]] = {}
+        for worker, sources in result["weight_sources"].items():
+            for version, source in sources:
+                by_host_version.setdefault((_host_of({"worker": worker}), version),
+                                           []).append(source)
+        assert len(by_host_version) >= 8, by_host_version  # several versions on both hosts
+        for (host, version), sources in by_host_version.items():
+            # Each host fetches a version once: on the seed's host, its other worker from
+            # the seed next door; elsewhere one worker from another host, and the other
+            # reads that worker's copy in the host's shared memory.
+            assert sources.count("dask") <= 1, (host, version, sources)
+        assert any("host-copy" in s for s in by_host_version.values()), by_host_version

@@ -62,6 +62,13 @@ def main(config_path: str) -> int:
             result["summary"] = {k: v for k, v in collector.summary().items()
                                  if k in ("frames", "batches", "weights_version")}
             result["transport"] = collector.weights_transport
+            name = collector._plugin_name
+
+            def sources(dask_worker) -> list:
+                return dask_worker.plugins[name].weight_sources
+
+            result["weight_sources"] = collector.client.run(sources, on_error="ignore",
+                                                            callback_timeout=30)
     except Exception as e:
         result["error"] = {"type": type(e).__name__, "message": str(e),
                            "daskrl": type(e).__module__.startswith("daskrl"),
