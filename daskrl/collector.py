@@ -332,7 +332,7 @@ class Collector:
         with self.client.as_current():
             try:
                 wait(list(futures.values()), timeout=self.call_timeout)
-            except TimeoutError:
+            except (TimeoutError, asyncio.TimeoutError):
                 pass
         done: dict[str, Future] = {}
         for w, fut in futures.items():
@@ -471,7 +471,7 @@ class Collector:
                 # A list, so scatter makes one future of the whole snapshot.
                 [future] = self.client.scatter([snap], workers=[seed], hash=False,
                                                timeout=self.call_timeout)
-            except (TimeoutError, OSError) as e:
+            except (TimeoutError, asyncio.TimeoutError, OSError) as e:
                 self._drop_worker(seed, f"sending weights version {snap.version} failed "
                                         f"({type(e).__name__}: {e})")
                 continue
@@ -968,7 +968,7 @@ class Collector:
                 [future] = await self.client.scatter([snap], workers=[seed], hash=False,
                                                      timeout=t)
                 break
-            except (TimeoutError, OSError) as e:
+            except (TimeoutError, asyncio.TimeoutError, OSError) as e:
                 logger.warning("worker %s did not take weights version %d (%s: %s)", seed,
                                snap.version, type(e).__name__, e)
         else:
