@@ -235,7 +235,7 @@ class Collector:
             enabled=shared_memory and os.name == "posix" and not self.client.asynchronous)
         self._finalizer = weakref.finalize(
             self, Collector._cleanup, self.client, self._own_cluster, self._plugin_name,
-            self._pending, self._weights, self._segments,
+            self._pending, self._weights, self._segments, self.call_timeout,
         )
         self._ready = False  # plugin registered, first weights published
         self._module: torch.nn.Module | None = None
@@ -467,10 +467,15 @@ class Collector:
         take it within ``call_timeout`` is dropped from the plan and the next one tried."""
         name = self._weights_name(snap.version)
         for seed in self._seeds():
+            async def send(seed: str = seed) -> list[Future]:
+                # A list, so scatter makes one future of the whole snapshot. (Scatter's own
+                # timeout bounds only the search for workers: the deadline is _call's.)
+                return await self.client.scatter([snap], workers=[seed], hash=False,
+                                                 timeout=self.call_timeout, asynchronous=True)
+
             try:
-                # A list, so scatter makes one future of the whole snapshot.
-                [future] = self.client.scatter([snap], workers=[seed], hash=False,
-                                               timeout=self.call_timeout)
+                [future] = self._call(f"sending weights version {snap.version} to {seed}",
+                                      self.client.sync, send)
             except (TimeoutError, asyncio.TimeoutError, OSError) as e:
                 self._drop_worker(seed, f"sending weights version {snap.version} failed "
                                         f"({type(e).__name__}: {e})")
@@ -893,7 +898,7 @@ class Collector:
     @staticmethod
     def _cleanup(client: Client, cluster: LocalCluster | None, plugin_name: str,
                  pending: dict[Future, Any], weights: dict[int, Future],
-                 segments: SegmentPool) -> None:
+                 segments: SegmentPool, timeout: float = 30.0) -> None:
         """Release what a collector holds on the cluster (also run if it is garbage-collected)."""
         segments.close()
         if client.asynchronous:  # nothing can be awaited here; aclose() does the cleanup
@@ -907,11 +912,13 @@ class Collector:
                     name = weights_name(plugin_name, version)
                     IN_PROCESS_WEIGHTS.pop(name, None)
                     try:
-                        client.unpublish_dataset(name)
+                        client.unpublish_dataset(name, callback_timeout=timeout)
                     except KeyError:
                         pass
                     weights.pop(version).release()
-                client.unregister_worker_plugin(plugin_name)
+                # The scheduler tells every worker (a cut-off one too): bounded.
+                client.sync(client.scheduler.unregister_worker_plugin, name=plugin_name,
+                            callback_timeout=timeout)
         except Exception:  # the cluster may already be gone
             logger.debug("could not release %s", plugin_name, exc_info=True)
         if cluster is not None:
@@ -965,8 +972,9 @@ class Collector:
         k = self._seed_turn % len(live) if live else 0
         for seed in live[k:] + live[:k]:  # one copy, to one responsive worker (see _publish)
             try:
-                [future] = await self.client.scatter([snap], workers=[seed], hash=False,
-                                                     timeout=t)
+                [future] = await self._abounded(
+                    f"sending weights version {snap.version} to {seed}",
+                    self.client.scatter([snap], workers=[seed], hash=False, timeout=t))
                 break
             except (TimeoutError, asyncio.TimeoutError, OSError) as e:
                 logger.warning("worker %s did not take weights version %d (%s: %s)", seed,

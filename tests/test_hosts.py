@@ -221,7 +221,8 @@ def test_weights_reach_each_host_once_per_version(shared):
         cluster.wait_for_workers(4)
         store = str(shared / "store")
         learner = cluster.learner("per-host", {
-            "store": store, "update_weights": True, "collector": _collector(16)})
+            "store": store, "update_weights": True, "weight_sources": True,
+            "collector": _collector(16)})
         result = learner.result(timeout=CUT_BOUND)
         assert result["error"] is None, learner.log()
         check_store(store, FRAMES_PER_BATCH * 16, result["handles"])

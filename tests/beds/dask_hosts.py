@@ -20,7 +20,6 @@ from .hosts import Hosts
 
 ROOT = Path(__file__).resolve().parents[2]
 LEARNER = Path(__file__).with_name("hosts_learner.py")
-DASK = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
 WORKER_ENV = {
     "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
     "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "500ms",

@@ -67,8 +67,9 @@ def main(config_path: str) -> int:
             def sources(dask_worker) -> list:
                 return dask_worker.plugins[name].weight_sources
 
-            result["weight_sources"] = collector.client.run(sources, on_error="ignore",
-                                                            callback_timeout=30)
+            if config.get("weight_sources"):  # where each worker got each version from
+                result["weight_sources"] = collector.client.run(sources, on_error="ignore",
+                                                                callback_timeout=30)
     except Exception as e:
         result["error"] = {"type": type(e).__name__, "message": str(e),
                            "daskrl": type(e).__module__.startswith("daskrl"),
