@@ -292,7 +292,8 @@ class Collector:
         self._live_checked = time.monotonic()
         # Workers cut off from the cluster (silent, or a call to them timed out): no batch
         # or weights go to them until the scheduler forgets them.
-        self._unresponsive: set[str] = set()
+        # worker -> its last heartbeat when dropped: heard from again, it is used again.
+        self._unresponsive: dict[str, Any] = {}
         self._heard: dict[str, tuple[Any, float]] = {}  # worker -> (last_seen, when it moved)
         self._seed_turn = 0
         self._schedule = self.config.batch_frames()
@@ -517,7 +518,7 @@ class Collector:
         if worker not in self._unresponsive:
             logger.warning("worker %s is not responding (%s); collecting without it",
                            worker, why)
-        self._unresponsive.add(worker)
+            self._unresponsive[worker] = self._heard.get(worker, (None,))[0]
         self._live.discard(worker)
 
     def _unpublish(self, version: int) -> None:
@@ -615,9 +616,14 @@ class Collector:
                     self._heard[w] = (seen, now)
             for w in set(self._heard) - set(workers):
                 del self._heard[w]
-            self._unresponsive &= set(workers)  # the scheduler removed the others
-            self._unresponsive |= {w for w in workers if self._silent(w)}
-            self._live = set(workers) - self._unresponsive
+            for w in list(self._unresponsive):
+                # Gone from the scheduler, or heard from again (it was only busy): forgotten.
+                if w not in workers or workers[w].get("last_seen") != self._unresponsive[w]:
+                    del self._unresponsive[w]
+            for w in workers:
+                if self._silent(w) and w not in self._unresponsive:
+                    self._drop_worker(w, f"no heartbeat for over {self.call_timeout:g}s")
+            self._live = set(workers) - set(self._unresponsive)
             self._live_checked = now
         return self._live
 

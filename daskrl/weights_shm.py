@@ -469,9 +469,10 @@ class HostCopies:
         try:
             layout = [(n, d, tuple(a.shape)) for n, d, a in zip(snap.names, snap.dtypes,
                                                                   snap.arrays)]
-            segment = Segment.create(layout, self.directory)
+            segment = Segment.create(layout, self.directory)  # sweeps dead workers' segments
             if segment is None:
                 return
+            self._sweep_orphans()
             for (name, *_), arr, expected in zip(layout, snap.arrays, snap.checksums):
                 if copy_with_crc(segment.arrays[name], arr) != expected:
                     segment.close()
@@ -489,6 +490,29 @@ class HostCopies:
                 self._remove(*self._own.popitem(last=False))
         finally:
             self.release(key)
+
+    def _sweep_orphans(self) -> None:
+        """Remove manifests whose segment is gone and locks whose holder died (left by
+        workers that were killed: they never closed their copies)."""
+        try:
+            names = [n for n in os.listdir(self.directory) if n.startswith("daskrl-host-")]
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.directory, name)
+            try:
+                if name.endswith(".lock"):
+                    if not _lock_held(path):
+                        os.unlink(path)
+                elif name.endswith(".json"):
+                    with open(path, encoding="utf-8") as f:
+                        if not _own_file(f.fileno()):
+                            continue
+                        target = json.load(f).get("path", "")
+                    if not os.path.exists(target):
+                        os.unlink(path)
+            except (OSError, ValueError, AttributeError):
+                continue
 
     def _remove(self, key: str, segment: Segment) -> None:
         with contextlib.suppress(OSError):

@@ -83,3 +83,21 @@ def test_a_copy_of_another_user_is_not_trusted(tmp_path):
     os.chown(tmp_path / "daskrl-host-c4-v1.json", 65534, 65534)
     assert copies.manifest("v1", wait=False) is None
     copies.close()
+
+
+@pytest.mark.timeout(60)
+def test_copies_of_killed_workers_are_swept(tmp_path):
+    """A SIGKILLed worker never closes its copies: the next copy made on the host removes
+    them (its segment, then the manifest pointing at it)."""
+    code = ("import sys, os; from daskrl.weights_shm import HostCopies; "
+            "from daskrl.weights import snapshot; from daskrl.testing import TagPolicy; "
+            f"c = HostCopies('c5', directory={str(tmp_path)!r}); c.claim('v1'); "
+            "c.publish('v1', snapshot(TagPolicy(), 1)); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert (tmp_path / "daskrl-host-c5-v1.json").exists()
+    (tmp_path / "daskrl-host-c5-v9.lock").write_text("999999999")
+    copies = HostCopies("c5", directory=str(tmp_path))
+    assert copies.claim("v2")
+    copies.publish("v2", snapshot(_policy(1.0), 2))
+    copies.close()
+    assert os.listdir(tmp_path) == []
