@@ -12,6 +12,7 @@ from .dataset import ReplayDataset, TransitionDataset
 from .errors import (
     BatchNotFoundError,
     BatchTimeoutError,
+    ClusterTimeoutError,
     CollectorClosedError,
     ConfigError,
     DaskrlError,
@@ -38,6 +39,7 @@ __all__ = [
     "BatchHandle",
     "BatchNotFoundError",
     "BatchTimeoutError",
+    "ClusterTimeoutError",
     # collecting
     "Collector",
     "CollectorClosedError",

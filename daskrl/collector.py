@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import itertools
@@ -10,7 +11,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from .config import CollectorConfig, Compression, check_mapping, check_seconds
 from .devices import DeviceSetting, check_device_setting
 from .envs import EnvLike, EnvSpec, check_env_vars
 from .errors import (
+    ClusterTimeoutError,
     CollectorClosedError,
     ConfigError,
     DaskrlError,
@@ -113,6 +115,13 @@ class Collector:
         memory (checksummed; only a small manifest goes through Dask) instead of receiving it
         over a socket. Workers elsewhere make the collector fall back to Dask transfers, as
         does ``False``. (Always Dask transfers with an asynchronous client, and on Windows.)
+    call_timeout
+        Seconds any one call to the cluster on the learner's path may take (publishing or
+        loading weights, probing the store, asking the scheduler); also how long a worker may
+        stay silent (no heartbeat reaching the scheduler) before the collector stops using
+        it: its batches are submitted again elsewhere. A worker cut off by the network thus
+        costs at most about this long, plus the batch collected again; see
+        ``docs/deploy/any-cluster.md``.
 
     Examples
     --------
@@ -154,6 +163,7 @@ class Collector:
         num_workers: int | None = None,
         batches_in_flight: int = 2,
         lost_workers_timeout: float = 60.0,
+        call_timeout: float = 30.0,
         batch_timeout: float | None = None,
         on_env_error: str = "raise",
         max_env_restarts: int = 3,
@@ -185,6 +195,8 @@ class Collector:
         self._device = check_device_setting(device)
         check_seconds("lost_workers_timeout", lost_workers_timeout)
         self.lost_workers_timeout = float(lost_workers_timeout)
+        check_seconds("call_timeout", call_timeout)
+        self.call_timeout = float(call_timeout)
         store_url = normalize_url(store)  # a bad store fails now, before the env is probed
         check_store_options(store_url, storage_options)
         if not isinstance(shared_memory, bool):
@@ -220,7 +232,7 @@ class Collector:
             enabled=shared_memory and os.name == "posix" and not self.client.asynchronous)
         self._finalizer = weakref.finalize(
             self, Collector._cleanup, self.client, self._own_cluster, self._plugin_name,
-            self._pending, self._weights, self._segments,
+            self._pending, self._weights, self._segments, self.call_timeout,
         )
         self._ready = False  # plugin registered, first weights published
         self._module: torch.nn.Module | None = None
@@ -281,6 +293,12 @@ class Collector:
         self._placement: dict[Future, tuple[str, int]] = {}  # worker pinned to, attempt
         self._live: set[str] = set(workers)
         self._live_checked = time.monotonic()
+        # Workers cut off from the cluster (silent, or a call to them timed out): no batch
+        # or weights go to them until the scheduler forgets them.
+        # worker -> its last heartbeat when dropped: heard from again, it is used again.
+        self._unresponsive: dict[str, Any] = {}
+        self._heard: dict[str, tuple[Any, float]] = {}  # worker -> (last_seen, when it moved)
+        self._seed_turn = 0
         self._schedule = self.config.batch_frames()
         self._frames_submitted = 0
         self._next_index = 0
@@ -297,15 +315,50 @@ class Collector:
         token = uuid.uuid4().hex
         self._store.write_probe(self._id, "learner", token)
         try:
-            futures = [
-                self.client.submit(probe_store, self._plugin_name, self._id, token, workers=[w],
-                                   key=f"daskrl-probe-{self._id}-{w}", pure=False)
+            futures = {
+                w: self.client.submit(probe_store, self._plugin_name, self._id, token,
+                                      workers=[w], key=f"daskrl-probe-{self._id}-{w}",
+                                      pure=False)
                 for w in workers
-            ]
-            for address in self.client.gather(futures):
-                self._check_probe(address, token)
+            }
+            for fut in self._wait_each(futures, "probing the store").values():
+                self._check_probe(fut.result(), token)
         finally:
             self._store.clear_probes(self._id)
+
+    def _wait_each(self, futures: dict[str, Future], what: str) -> dict[str, Future]:
+        """Wait up to ``call_timeout`` for one task per worker; raise the first task error.
+
+        Return the finished ones. A worker whose task did not finish is dropped from the plan
+        if it is also silent (cut off); a busy worker is only logged. None finished at all:
+        :class:`ClusterTimeoutError`.
+        """
+        with self.client.as_current():
+            try:
+                wait(list(futures.values()), timeout=self.call_timeout)
+            except (TimeoutError, asyncio.TimeoutError):
+                pass
+        done: dict[str, Future] = {}
+        for w, fut in futures.items():
+            if fut.status == "error":
+                fut.result()  # raises the worker's error, with its traceback
+            if fut.status == "finished":
+                done[w] = fut
+            else:
+                fut.cancel()
+                self._live_workers(refresh=True)
+                if self._silent(w) or w not in self._live:
+                    self._drop_worker(w, f"{what} took over {self.call_timeout:g}s")
+                else:
+                    logger.warning("worker %s did not finish %s within %gs (busy); going on "
+                                   "without it", w, what, self.call_timeout)
+        if futures and not done:
+            raise ClusterTimeoutError(
+                f"no worker finished {what} within call_timeout={self.call_timeout:g}s "
+                f"(workers: {sorted(futures)}). Check that the workers can reach the "
+                "scheduler and each other, or raise call_timeout."
+            )
+        return done
 
     def _check_probe(self, address: str, token: str) -> None:
         if self._store.read_probe(self._id, address) != token:
@@ -375,26 +428,29 @@ class Collector:
         switches the collector to Dask transfers, and the load is done again that way."""
         weights = self._weights_ref(version)
         if isinstance(weights, SharedWeights):
-            results = self.client.run(preload_shared_weights, self._plugin_name, version,
-                                      weights, on_error="return")
+            try:
+                results = self._call("loading weights from shared memory", self.client.run,
+                                     preload_shared_weights, self._plugin_name, version,
+                                     weights, workers=sorted(self._live_workers(refresh=True)),
+                                     on_error="return")
+            except ClusterTimeoutError as e:  # a worker did not answer: tasks, one by one
+                logger.warning("%s; loading version %d with tasks instead", e, version)
+                results = {}
             errors = [r for r in results.values() if isinstance(r, BaseException)]
-            if not errors:
+            if results and not errors:
                 return
             if not all(isinstance(e, WeightsNotSharedError) for e in errors):
                 raise next(e for e in errors if not isinstance(e, WeightsNotSharedError))
-            self._stop_sharing_weights(errors[0])
+            if errors:
+                self._stop_sharing_weights(errors[0])
             weights = self._weights_ref(version)
-        futures = [
-            self.client.submit(preload_weights, self._plugin_name, version, weights,
-                               key=f"daskrl-preload-{self._id}-{version}-{w}",
-                               workers=[w], pure=False)
-            for w in self._live_workers(refresh=True)
-        ]
-        with self.client.as_current():
-            wait(futures)  # no result to fetch: only the errors matter
-        for fut in futures:
-            if fut.status == "error":
-                fut.result()  # raises the worker's error, with its traceback
+        futures = {
+            w: self.client.submit(preload_weights, self._plugin_name, version, weights,
+                                  key=f"daskrl-preload-{self._id}-{version}-{w}",
+                                  workers=[w], pure=False)
+            for w in sorted(self._live_workers(refresh=True))
+        }
+        self._wait_each(futures, f"loading weights version {version}")
 
     def _stop_sharing_weights(self, reason: BaseException) -> None:
         """A worker cannot read the shared-memory weights: send every version through Dask."""
@@ -409,13 +465,64 @@ class Collector:
         return weights_name(self._plugin_name, version)
 
     def _publish(self, snap: WeightsSnapshot) -> Future:
-        # A list, so scatter makes one future of the whole snapshot. Broadcast: every worker
-        # gets its copy now, to load from its own memory; published under a name so that a
-        # worker without a copy (a replacement, or after the active memory manager dropped
-        # extra replicas) fetches it when its cached version differs.
-        [future] = self.client.scatter([snap], hash=False, broadcast=True)
-        self.client.publish_dataset(future, name=self._weights_name(snap.version), override=True)
-        return future
+        """Send ``snap`` to one responsive worker, the version's seed, and publish it by name:
+        every other worker fetches it from there when its first batch on that version starts
+        (the learner sends one copy per version, however many hosts). A seed that does not
+        take it within ``call_timeout`` is dropped from the plan and the next one tried."""
+        name = self._weights_name(snap.version)
+        for seed in self._seeds():
+            async def send(seed: str = seed) -> list[Future]:
+                # A list, so scatter makes one future of the whole snapshot. (Scatter's own
+                # timeout bounds only the search for workers: the deadline is _call's.)
+                return await self.client.scatter([snap], workers=[seed], hash=False,
+                                                 timeout=self.call_timeout, asynchronous=True)
+
+            try:
+                [future] = self._call(f"sending weights version {snap.version} to {seed}",
+                                      self.client.sync, send)
+            except (TimeoutError, asyncio.TimeoutError, OSError) as e:
+                self._drop_worker(seed, f"sending weights version {snap.version} failed "
+                                        f"({type(e).__name__}: {e})")
+                continue
+            self._call(f"publishing weights version {snap.version}",
+                       self.client.publish_dataset, future, name=name, override=True)
+            return future
+        raise ClusterTimeoutError(
+            f"weights version {snap.version} could not be sent to any worker within "
+            f"call_timeout={self.call_timeout:g}s each. Check that the workers can reach the "
+            "learner and the scheduler."
+        )
+
+    def _seeds(self) -> list[str]:
+        """Responsive workers, in the order to try them as the seed of a version (turns)."""
+        live = sorted(self._live_workers(refresh=True))
+        self._seed_turn += 1
+        k = self._seed_turn % len(live) if live else 0
+        return live[k:] + live[:k]
+
+    def _call(self, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` of the (synchronous) client, within ``call_timeout``."""
+        try:
+            return method(*args, callback_timeout=self.call_timeout, **kwargs)
+        except (TimeoutError, asyncio.TimeoutError) as e:
+            raise ClusterTimeoutError(
+                f"{what} did not complete within call_timeout={self.call_timeout:g}s: the "
+                "scheduler or a worker does not answer. Check the network between the learner, "
+                "the scheduler and the workers, or raise call_timeout."
+            ) from e
+
+    def _silent(self, worker: str) -> bool:
+        """Whether the scheduler has had no heartbeat from ``worker`` for ``call_timeout``."""
+        heard = self._heard.get(worker)
+        return heard is not None and time.monotonic() - heard[1] > self.call_timeout
+
+    def _drop_worker(self, worker: str, why: str) -> None:
+        """Stop using ``worker`` (cut off): its streams and waiting batches move elsewhere."""
+        if worker not in self._unresponsive:
+            logger.warning("worker %s is not responding (%s); collecting without it",
+                           worker, why)
+            self._unresponsive[worker] = self._heard.get(worker, (None,))[0]
+        self._live.discard(worker)
 
     def _unpublish(self, version: int) -> None:
         fut = self._weights.pop(version, None)
@@ -425,9 +532,10 @@ class Collector:
         if fut is None:
             return
         try:
-            self.client.unpublish_dataset(self._weights_name(version))
-        except KeyError:
-            pass
+            self._call("unpublishing weights", self.client.unpublish_dataset,
+                       self._weights_name(version))
+        except (KeyError, ClusterTimeoutError, OSError):
+            logger.debug("could not unpublish weights version %d", version, exc_info=True)
         fut.release()
 
     @property
@@ -502,7 +610,23 @@ class Collector:
     def _live_workers(self, refresh: bool = False) -> set[str]:
         now = time.monotonic()
         if refresh or now - self._live_checked > 1.0:
-            self._live = set(self.client.scheduler_info().get("workers", {}))
+            info = self._call("asking the scheduler for its workers", self.client.sync,
+                              self.client.scheduler.identity, n_workers=-1)
+            workers = info.get("workers", {})
+            for w, ws in workers.items():
+                seen = ws.get("last_seen")
+                if self._heard.get(w, (None,))[0] != seen:
+                    self._heard[w] = (seen, now)
+            for w in set(self._heard) - set(workers):
+                del self._heard[w]
+            for w in list(self._unresponsive):
+                # Gone from the scheduler, or heard from again (it was only busy): forgotten.
+                if w not in workers or workers[w].get("last_seen") != self._unresponsive[w]:
+                    del self._unresponsive[w]
+            for w in workers:
+                if self._silent(w) and w not in self._unresponsive:
+                    self._drop_worker(w, f"no heartbeat for over {self.call_timeout:g}s")
+            self._live = set(workers) - set(self._unresponsive)
             self._live_checked = now
         return self._live
 
@@ -511,12 +635,17 @@ class Collector:
         left moves to the live worker with the fewest streams."""
         live = self._live_workers()
         current = self._stream_workers[stream]
-        if live and current not in live:
-            load = dict.fromkeys(live, 0)
-            for s, w in enumerate(self._stream_workers):
-                if w in load and s != stream:
-                    load[w] += 1
-            self._stream_workers[stream] = min(live, key=lambda w: (load[w], w))
+        if not live:
+            return current
+        load = dict.fromkeys(live, 0)
+        for s, w in enumerate(self._stream_workers):
+            if w in load and s != stream:
+                load[w] += 1
+        idle = min(live, key=lambda w: (load[w], w))
+        # A stream leaves a departed worker, or one with two streams more than another
+        # (a replacement joined): its envs start afresh there, at a batch boundary.
+        if current not in live or load[current] > load[idle]:
+            self._stream_workers[stream] = idle
         return self._stream_workers[stream]
 
     def _hand_over(self, task: BatchTask, handle: BatchHandle) -> BatchHandle | None:
@@ -691,11 +820,18 @@ class Collector:
         loose restriction names a departed worker unrunnable when no worker was alive at that
         moment, even after new workers join.)"""
         stranded = [f for f, (w, _) in self._placement.items() if w not in live and not f.done()]
+        running = {k: w for w, keys in self._call(
+            "asking the scheduler what runs where", self.client.sync,
+            self.client.scheduler.processing).items() for k in keys} if (
+            stranded or self._unresponsive) else {}
+        # A batch running on a worker that was cut off is collected again elsewhere (if the
+        # worker comes back and commits it too, the store keeps exactly one of the two).
+        stranded += [f for f in self._placement if not f.done() and f not in stranded
+                     and running.get(f.key) in self._unresponsive]
         if not stranded:
             return
-        running = {k for keys in self.client.processing().values() for k in keys}
         for fut in stranded:
-            if fut.key in running:
+            if fut.key in running and running[fut.key] not in self._unresponsive:
                 continue
             task = self._pending.pop(fut)
             _, attempt = self._placement.pop(fut)
@@ -776,7 +912,7 @@ class Collector:
     @staticmethod
     def _cleanup(client: Client, cluster: LocalCluster | None, plugin_name: str,
                  pending: dict[Future, Any], weights: dict[int, Future],
-                 segments: SegmentPool) -> None:
+                 segments: SegmentPool, timeout: float = 30.0) -> None:
         """Release what a collector holds on the cluster (also run if it is garbage-collected)."""
         segments.close()
         if client.asynchronous:  # nothing can be awaited here; aclose() does the cleanup
@@ -790,11 +926,13 @@ class Collector:
                     name = weights_name(plugin_name, version)
                     IN_PROCESS_WEIGHTS.pop(name, None)
                     try:
-                        client.unpublish_dataset(name)
+                        client.unpublish_dataset(name, callback_timeout=timeout)
                     except KeyError:
                         pass
                     weights.pop(version).release()
-                client.unregister_worker_plugin(plugin_name)
+                # The scheduler tells every worker (a cut-off one too): bounded.
+                client.sync(client.scheduler.unregister_worker_plugin, name=plugin_name,
+                            callback_timeout=timeout)
         except Exception:  # the cluster may already be gone
             logger.debug("could not release %s", plugin_name, exc_info=True)
         if cluster is not None:
@@ -841,8 +979,27 @@ class Collector:
     async def _apublish(self, snap: WeightsSnapshot, wait: bool = False) -> int:
         """:meth:`update_weights` with an asynchronous client (see :meth:`_publish`)."""
         name = self._weights_name(snap.version)
-        [future] = await self.client.scatter([snap], hash=False, broadcast=True)
-        await self.client.publish_dataset(future, name=name, override=True)
+        t = self.call_timeout
+        info = await self._abounded("asking the scheduler for its workers",
+                                    self.client.scheduler.identity(n_workers=-1))
+        live = sorted(info["workers"])
+        self._seed_turn += 1
+        k = self._seed_turn % len(live) if live else 0
+        for seed in live[k:] + live[:k]:  # one copy, to one responsive worker (see _publish)
+            try:
+                [future] = await self._abounded(
+                    f"sending weights version {snap.version} to {seed}",
+                    self.client.scatter([snap], workers=[seed], hash=False, timeout=t))
+                break
+            except (TimeoutError, asyncio.TimeoutError, OSError) as e:
+                logger.warning("worker %s did not take weights version %d (%s: %s)", seed,
+                               snap.version, type(e).__name__, e)
+        else:
+            raise ClusterTimeoutError(
+                f"weights version {snap.version} could not be sent to any worker within "
+                f"call_timeout={t:g}s each. Check that the workers can reach the learner.")
+        await self._abounded(f"publishing weights version {snap.version}",
+                             self.client.publish_dataset(future, name=name, override=True))
         self._weights[snap.version] = future
         self._snapshots[snap.version] = snap
         self._version = snap.version
@@ -850,14 +1007,24 @@ class Collector:
         for v in [v for v in self._weights if v not in in_use]:
             await self._aunpublish(v)
         if wait:
-            info = await self.client.scheduler.identity(n_workers=-1)
-            await self.client.gather([
+            await self._abounded(f"loading weights version {snap.version}", self.client.gather([
                 self.client.submit(preload_weights, self._plugin_name, snap.version,
                                    str(future.key), workers=[w], pure=False,
                                    key=f"daskrl-preload-{self._id}-{snap.version}-{w}")
                 for w in info["workers"]
-            ])
+            ]))
         return snap.version
+
+    async def _abounded(self, what: str, awaitable: Any) -> Any:
+        """``await awaitable`` within ``call_timeout`` (see :meth:`_call`)."""
+        try:
+            return await asyncio.wait_for(awaitable, self.call_timeout)
+        except (TimeoutError, asyncio.TimeoutError) as e:
+            raise ClusterTimeoutError(
+                f"{what} did not complete within call_timeout={self.call_timeout:g}s: the "
+                "scheduler or a worker does not answer. Check the network between the learner, "
+                "the scheduler and the workers, or raise call_timeout."
+            ) from e
 
     async def _aprobe_store(self, workers: list[str]) -> None:
         """:meth:`_probe_store` with an asynchronous client."""

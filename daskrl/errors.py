@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "BatchNotFoundError",
     "BatchTimeoutError",
+    "ClusterTimeoutError",
     "CollectorClosedError",
     "ConfigError",
     "DaskrlError",
@@ -72,6 +73,12 @@ class BatchNotFoundError(StoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class ClusterTimeoutError(DaskrlError, TimeoutError):
+    """A call to the Dask cluster on the learner's path (publishing weights, loading them,
+    probing the store) did not complete within the collector's ``call_timeout``, and no
+    responsive worker was left to do it instead."""
 
 
 class CollectorClosedError(DaskrlError, RuntimeError):

@@ -34,7 +34,7 @@ from .handles import BatchHandle
 from .rollout import EnvSet
 from .store import TrajectoryStore
 from .weights import PolicySpec, WeightsSnapshot, load_weights
-from .weights_shm import SharedWeights, SharedWeightsReader
+from .weights_shm import HostCopies, SharedWeights, SharedWeightsReader
 
 __all__ = ["BatchTask", "CollectorPlugin", "collect_batch"]
 
@@ -104,15 +104,20 @@ class CollectorPlugin(WorkerPlugin):
         self.policy: torch.nn.Module | None = None
         self.version: int | None = -1
         self.weight_loads = 0  # fetches of a new version: one per version on this worker
+        # (version, where from): "in-process", "shared-memory", "seed" (this worker's own
+        # memory), "host-copy" (another worker of this host fetched it) or "dask" (fetched).
+        self.weight_sources: list[tuple[int, str]] = []
         self.envsets: dict[int, EnvSet] = {}
         self.store: TrajectoryStore | None = None
         self.shared = SharedWeightsReader()  # mappings of the learner's shared-memory weights
+        self.host_copies = HostCopies(self.name)  # this host's copies of Dask-sent versions
         self.worker_name = "?"
         self.worker_address = "?"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_lock", "_stream_locks", "policy", "envsets", "store", "device", "shared"):
+        for k in ("_lock", "_stream_locks", "policy", "envsets", "store", "device", "shared",
+                  "host_copies"):
             state.pop(k, None)
         return state
 
@@ -122,6 +127,7 @@ class CollectorPlugin(WorkerPlugin):
         self._stream_locks = {}
         self.policy, self.envsets, self.store, self.device = None, {}, None, None
         self.shared = SharedWeightsReader()
+        self.host_copies = HostCopies(self.name)
 
     def setup(self, worker: Any) -> None:
         apply_env_vars(self.env_vars)
@@ -135,6 +141,7 @@ class CollectorPlugin(WorkerPlugin):
             except Exception:  # closing is best effort; the worker keeps running
                 logger.warning("env close failed on %s", self.worker_address, exc_info=True)
         self.shared.close()
+        self.host_copies.close()
         self._reset_state()
 
     # -- state used by tasks -----------------------------------------------------------------
@@ -158,9 +165,11 @@ class CollectorPlugin(WorkerPlugin):
             in_process = IN_PROCESS_WEIGHTS.get(name)
             if in_process is not None:
                 load_weights(self.policy, in_process)
+                self.weight_sources.append((version, "in-process"))
             elif isinstance(weights, SharedWeights):
                 try:
                     self.shared.load(self.policy, weights, f"worker {self.worker_address}")
+                    self.weight_sources.append((version, "shared-memory"))
                 except WeightsNotSharedError:
                     # The learner switches to Dask transfers when it hears of this.
                     if not fallback:
@@ -169,11 +178,45 @@ class CollectorPlugin(WorkerPlugin):
                     if published is None:
                         raise
                     load_weights(self.policy, published.result(timeout=WEIGHTS_FETCH_TIMEOUT))
+                    self.weight_sources.append((version, "dask"))
             else:
-                load_weights(self.policy, _local_data(weights) or self._fetch_weights(version, name))
+                self._load_through_dask(version, name, weights)
             self.version = version
             self.weight_loads += 1
         return self.policy
+
+    def _load_through_dask(self, version: int, name: str, key: str) -> None:
+        """Load a version the learner sent through Dask: from this worker's memory (it is
+        the version's seed), from this host's copy (another worker of the host fetched it),
+        or fetched from a worker holding it, then left as this host's copy."""
+        assert self.policy is not None
+        local = _local_data(key)
+        if local is not None:
+            load_weights(self.policy, local)
+            self.weight_sources.append((version, "seed"))
+            return
+        copy_key = f"v{version}"
+        copy = self.host_copies.manifest(copy_key, wait=False)
+        claimed = copy is None and self.host_copies.claim(copy_key)
+        if copy is None and not claimed:
+            copy = self.host_copies.manifest(copy_key, wait=True)
+        if copy is not None:
+            try:
+                self.shared.load(self.policy, copy, f"worker {self.worker_address}")
+                self.weight_sources.append((version, "host-copy"))
+                return
+            except WeightsNotSharedError:  # removed meanwhile: fetch it
+                pass
+        try:
+            snap = self._fetch_weights(version, name)
+            load_weights(self.policy, snap)  # verifies the learner's checksums
+        except BaseException:
+            if claimed:
+                self.host_copies.release(copy_key)
+            raise
+        self.weight_sources.append((version, "dask"))
+        if claimed:
+            self.host_copies.publish(copy_key, snap)
 
     def _fetch_weights(self, version: int, name: str) -> WeightsSnapshot:
         """Fetch the published weights ``name``; wait out a re-publication if they were lost."""

@@ -1,0 +1,103 @@
+"""The per-host copy of Dask-sent weights (daskrl.weights_shm.HostCopies), on real files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from daskrl import WeightsIntegrityError
+from daskrl.testing import TagPolicy
+from daskrl.weights import snapshot
+from daskrl.weights_shm import HostCopies, SharedWeightsReader
+
+
+def _policy(value: float) -> torch.nn.Module:
+    p = TagPolicy()
+    with torch.no_grad():
+        p.tag.fill_(value)
+    return p
+
+
+@pytest.mark.timeout(60)
+def test_one_worker_makes_the_copy_the_others_read_it(tmp_path):
+    maker, reader = HostCopies("c1", directory=str(tmp_path)), HostCopies("c1", directory=str(tmp_path))
+    assert maker.manifest("v3", wait=False) is None
+    assert maker.claim("v3")
+    assert not reader.claim("v3")  # held by a live process (this one)
+    maker.publish("v3", snapshot(_policy(7.0), 3))
+    manifest = reader.manifest("v3", wait=True)
+    assert manifest is not None and manifest.version == 3
+    target = _policy(0.0)
+    SharedWeightsReader().load(target, manifest)
+    assert target.tag.item() == 7.0
+    # Only the newest `keep` copies stay; closing removes the rest.
+    for v in range(4, 8):
+        assert maker.claim(f"v{v}")
+        maker.publish(f"v{v}", snapshot(_policy(v), v))
+    assert reader.manifest("v3", wait=False) is None
+    assert reader.manifest("v7", wait=False) is not None
+    maker.close()
+    assert not [n for n in os.listdir(tmp_path) if "c1" in n]
+
+
+@pytest.mark.timeout(60)
+def test_a_lock_left_by_a_dead_worker_is_taken_over(tmp_path):
+    copies = HostCopies("c2", directory=str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (tmp_path / "daskrl-host-c2-v1.lock").write_text(dead)
+    assert copies.manifest("v1", wait=True) is None  # no bounded wait for a dead holder
+    assert copies.claim("v1")
+    copies.release("v1")
+    assert not (tmp_path / "daskrl-host-c2-v1.lock").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_changed_byte_in_the_host_copy_is_refused(tmp_path):
+    copies = HostCopies("c3", directory=str(tmp_path))
+    assert copies.claim("v1")
+    copies.publish("v1", snapshot(_policy(1.5), 1))
+    manifest = copies.manifest("v1", wait=False)
+    assert manifest is not None
+    with open(manifest.path, "r+b") as f:
+        f.seek(manifest.offsets[0])
+        byte = f.read(1)
+        f.seek(manifest.offsets[0])
+        f.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(WeightsIntegrityError, match="tensor 'tag'"):
+        SharedWeightsReader().load(_policy(0.0), manifest)
+    copies.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="changing a file's owner needs root")
+def test_a_copy_of_another_user_is_not_trusted(tmp_path):
+    copies = HostCopies("c4", directory=str(tmp_path))
+    assert copies.claim("v1")
+    copies.publish("v1", snapshot(_policy(2.0), 1))
+    os.chown(tmp_path / "daskrl-host-c4-v1.json", 65534, 65534)
+    assert copies.manifest("v1", wait=False) is None
+    copies.close()
+
+
+@pytest.mark.timeout(60)
+def test_copies_of_killed_workers_are_swept(tmp_path):
+    """A SIGKILLed worker never closes its copies: the next copy made on the host removes
+    them (its segment, then the manifest pointing at it)."""
+    code = ("import sys, os; from daskrl.weights_shm import HostCopies; "
+            "from daskrl.weights import snapshot; from daskrl.testing import TagPolicy; "
+            f"c = HostCopies('c5', directory={str(tmp_path)!r}); c.claim('v1'); "
+            "c.publish('v1', snapshot(TagPolicy(), 1)); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert (tmp_path / "daskrl-host-c5-v1.json").exists()
+    (tmp_path / "daskrl-host-c5-v9.lock").write_text("999999999")
+    copies = HostCopies("c5", directory=str(tmp_path))
+    assert copies.claim("v2")
+    copies.publish("v2", snapshot(_policy(1.0), 2))
+    copies.close()
+    assert os.listdir(tmp_path) == []
