@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
-import json
 import math
 import signal
 import sys
@@ -16,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._slurm import option_name
-from .cli_store import add_store_commands, run_store_command
+from .cli_store import add_store_commands, json_object, run_store_command
 from .errors import DaskrlError
 
 __all__ = ["main"]
@@ -78,19 +77,6 @@ def _make_policy(spec: str | None, obs_space: Any, act_space: Any) -> Any:
     return module
 
 
-def _json_object(flag: str) -> Any:
-    def parse(text: str) -> dict[str, Any]:
-        try:
-            value = json.loads(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object: {e}") from None
-        if not isinstance(value, dict):
-            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object, got {text!r}")
-        return value
-
-    return parse
-
-
 def _env_var(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -133,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default="auto", help="policy device on workers (default auto)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "none"])
-    c.add_argument("--env-kwargs", type=_json_object("--env-kwargs"), default=None,
+    c.add_argument("--env-kwargs", type=json_object("--env-kwargs"), default=None,
                    help="JSON object for gymnasium.make")
     c.add_argument("--env-var", type=_env_var, action="append", default=[],
                    help="NAME=VALUE set on every worker (repeatable)")

@@ -11,14 +11,21 @@ from .errors import DaskrlError
 __all__ = ["add_store_commands", "run_store_command"]
 
 
-def _options(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--storage-options takes a JSON object: {e}") from e
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"--storage-options takes a JSON object, got {text!r}")
-    return value
+def json_object(flag: str) -> Any:
+    """An argparse type: the option's value parsed as a JSON object (a dict)."""
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object: {e}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object, got {text!r}")
+        return value
+
+    return parse
+
+
+_options = json_object("--storage-options")
 
 
 def add_store_commands(sub: Any) -> None:

@@ -505,11 +505,14 @@ class Collector:
         try:
             return method(*args, callback_timeout=self.call_timeout, **kwargs)
         except (TimeoutError, asyncio.TimeoutError) as e:
-            raise ClusterTimeoutError(
-                f"{what} did not complete within call_timeout={self.call_timeout:g}s: the "
-                "scheduler or a worker does not answer. Check the network between the learner, "
-                "the scheduler and the workers, or raise call_timeout."
-            ) from e
+            raise self._timeout_error(what) from e
+
+    def _timeout_error(self, what: str) -> ClusterTimeoutError:
+        return ClusterTimeoutError(
+            f"{what} did not complete within call_timeout={self.call_timeout:g}s: the "
+            "scheduler or a worker does not answer. Check the network between the learner, "
+            "the scheduler and the workers, or raise call_timeout."
+        )
 
     def _silent(self, worker: str) -> bool:
         """Whether the scheduler has had no heartbeat from ``worker`` for ``call_timeout``."""
@@ -1020,11 +1023,7 @@ class Collector:
         try:
             return await asyncio.wait_for(awaitable, self.call_timeout)
         except (TimeoutError, asyncio.TimeoutError) as e:
-            raise ClusterTimeoutError(
-                f"{what} did not complete within call_timeout={self.call_timeout:g}s: the "
-                "scheduler or a worker does not answer. Check the network between the learner, "
-                "the scheduler and the workers, or raise call_timeout."
-            ) from e
+            raise self._timeout_error(what) from e
 
     async def _aprobe_store(self, workers: list[str]) -> None:
         """:meth:`_probe_store` with an asynchronous client."""
