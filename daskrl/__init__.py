@@ -10,6 +10,7 @@ from .collector import Collector
 from .config import CollectorConfig, Compression
 from .dataset import ReplayDataset, TransitionDataset
 from .errors import (
+    BatchDataMissingError,
     BatchNotFoundError,
     BatchTimeoutError,
     CollectorClosedError,
@@ -19,6 +20,7 @@ from .errors import (
     PolicyError,
     StoreError,
     StoreFormatError,
+    StoreRecordWarning,
     VersionMismatchError,
     WeightsIntegrityError,
     WeightsNotSharedError,
@@ -32,6 +34,7 @@ from .weights import WeightsSnapshot, snapshot
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchDataMissingError",
     # data
     "BatchHandle",
     "BatchNotFoundError",
@@ -51,6 +54,7 @@ __all__ = [
     "ReplayDataset",
     "StoreError",
     "StoreFormatError",
+    "StoreRecordWarning",
     "TrajectoryStore",
     "TransitionDataset",
     "VersionMismatchError",

@@ -8,6 +8,7 @@ daskrl.  Messages say what was wrong, what was expected and what to do.
 from __future__ import annotations
 
 __all__ = [
+    "BatchDataMissingError",
     "BatchNotFoundError",
     "BatchTimeoutError",
     "CollectorClosedError",
@@ -17,6 +18,7 @@ __all__ = [
     "PolicyError",
     "StoreError",
     "StoreFormatError",
+    "StoreRecordWarning",
     "VersionMismatchError",
     "WeightsIntegrityError",
 ]
@@ -65,6 +67,16 @@ class BatchNotFoundError(StoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class BatchDataMissingError(StoreError):
+    """A batch is committed but its data is missing: the store is damaged (its container was
+    deleted or moved by something other than daskrl)."""
+
+
+class StoreRecordWarning(UserWarning):
+    """A listing skipped records of a store that cannot be read (see
+    :meth:`~daskrl.TrajectoryStore.skipped_records`)."""
 
 
 class CollectorClosedError(DaskrlError, RuntimeError):

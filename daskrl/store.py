@@ -21,22 +21,31 @@ import json
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from zarr.abc.store import RangeByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
 from . import local_io
 from .config import Compression
-from .errors import BatchNotFoundError, StoreError, StoreFormatError
+from .errors import (
+    BatchDataMissingError,
+    BatchNotFoundError,
+    StoreError,
+    StoreFormatError,
+    StoreRecordWarning,
+)
 from .handles import BatchHandle
 from .housekeeping import StoreHousekeeping
 from .readers import StoreReaders
+from .records import check_attempt_path, check_commit_record, parse_document
 from .zarr_decode import read_arrays
 from .zarr_encode import encode_batch
 from .zip_container import ZipFormatError, build_archive, crc32, plan_archive
@@ -105,20 +114,32 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         self.read_only = read_only
         self._zstore = _zarr_store(self.url, self.storage_options, read_only)
         self._commits: dict[int, dict[str, Any]] = {}
+        self._skipped: dict[int, str] = {}
+        """Commit records that cannot be read, by batch id: why."""
         self._format_major: int | None = None
         if storage_options:
             _OPTIONS[self.url] = self.storage_options
 
     # -- low level ---------------------------------------------------------------------------
     def _get_json(self, key: str) -> dict[str, Any] | None:
+        """The JSON object at ``key`` (None if missing): a regular file inside the store of at
+        most :data:`~daskrl.local_io.MAX_DOCUMENT_BYTES` (:class:`StoreFormatError`
+        otherwise, naming the document)."""
+        where = f"{key!r} of store {self.url!r}"
         if isinstance(self._zstore, LocalStore):
             raw = local_io.read_file(self._zstore.root, key)
-            return None if raw is None else json.loads(raw)
-        try:
-            buf = sync(self._zstore.get(key, prototype=default_buffer_prototype()))
-        except FileNotFoundError:  # a read-only LocalStore whose root does not exist
-            return None
-        return None if buf is None else json.loads(buf.to_bytes())
+        else:
+            limit = local_io.MAX_DOCUMENT_BYTES
+            try:  # a bounded read: a huge or endless object must not exhaust memory
+                buf = sync(self._zstore.get(key, prototype=default_buffer_prototype(),
+                                            byte_range=RangeByteRequest(0, limit + 1)))
+            except FileNotFoundError:  # a read-only LocalStore whose root does not exist
+                return None
+            raw = None if buf is None else buf.to_bytes()
+            if raw is not None and len(raw) > limit:
+                raise StoreFormatError(f"{where} holds more than {limit} bytes; a document "
+                                       "holds at most that")
+        return None if raw is None else parse_document(raw, where)
 
     def _create_exclusive(self, key: str, doc: Mapping[str, Any]) -> bool:
         """Create ``key`` unless it exists; True if this call's document is the one stored."""
@@ -336,10 +357,30 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             listed = {b for b in listed if (root / f"{b:012d}" / "zarr.json").is_file()}
         for bid in set(self._commits) - listed:
             del self._commits[bid]
-        for bid in sorted(listed - set(self._commits)):
-            doc = self._get_json(f"commits/{bid:012d}/zarr.json")
-            if doc is not None:
-                self._commits[bid] = doc["attributes"]
+        for bid in set(self._skipped) - listed:
+            del self._skipped[bid]
+        fresh = []
+        for bid in sorted(listed - set(self._commits) - set(self._skipped)):
+            key = f"commits/{bid:012d}/zarr.json"
+            try:
+                doc = self._get_json(key)
+                if doc is not None:
+                    self._commits[bid] = check_commit_record(
+                        doc, bid, f"commit record {key!r} of store {self.url!r}")
+            except StoreFormatError as e:  # one bad record must not hide the good ones
+                self._skipped[bid] = str(e)
+                fresh.append(bid)
+        if fresh:
+            warnings.warn(StoreRecordWarning(
+                f"store {self.url!r}: skipped {len(fresh)} unreadable commit record(s) of "
+                f"batches {fresh[:10]}{' ...' if len(fresh) > 10 else ''}: "
+                f"{self._skipped[fresh[0]]} (all: store.skipped_records())"), stacklevel=3)
+
+    def skipped_records(self) -> dict[int, str]:
+        """Commit records that listings skipped because they cannot be read, by batch id:
+        what is wrong with each.  Loading such a batch raises :class:`StoreFormatError`."""
+        self.refresh()
+        return dict(sorted(self._skipped.items()))
 
     def batch_ids(self) -> list[int]:
         """Committed batch ids, ascending."""
@@ -366,6 +407,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
     def _record(self, batch_id: int) -> dict[str, Any]:
         if batch_id not in self._commits:
             self.refresh()
+        if batch_id in self._skipped:
+            raise StoreFormatError(self._skipped[batch_id])
         if batch_id not in self._commits:
             raise BatchNotFoundError(
                 f"no committed batch {batch_id} in store {self.url!r} "
@@ -393,11 +436,20 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         straight into one tensor (pinned when ``device`` is CUDA) and moved to ``device`` with
         one copy.
         """
+        check_attempt_path(path, None, f"load_path({path!r}) of store {self.url!r}")
         batch_id = _batch_id_of(path)
         where = f"batch {batch_id} ({path!r})" if batch_id is not None else f"batch {path!r}"
         read = read_zip_arrays if path.endswith(".zip") else read_arrays
         try:
             out = read(self._zstore, path, where, keys, device, self.url)
+        except BatchNotFoundError:
+            self._check_still_committed(batch_id, path)  # deleted under the read?
+            raise BatchDataMissingError(
+                f"{where} of {self.url!r} is committed but its data is missing: the store is "
+                "damaged (the container was deleted or moved by something other than daskrl). "
+                f"Restore it from a copy, or delete the batch: "
+                f"open_store(url, writable=True).delete_batches([{batch_id}])."
+            ) from None
         except (KeyError, StoreError):
             self._check_still_committed(batch_id, path)  # deleted under the read?
             raise
@@ -411,7 +463,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         if batch_id is None:
             return
         rec = self._get_json(f"commits/{batch_id:012d}/zarr.json")
-        if rec is None or (rec.get("attributes") or {}).get("path") != path:
+        attrs = rec.get("attributes") if rec is not None else None
+        if not isinstance(attrs, dict) or attrs.get("path") != path:
             self._commits.pop(batch_id, None)
             raise BatchNotFoundError(
                 f"batch {batch_id} of {self.url!r} was deleted while it was being read "

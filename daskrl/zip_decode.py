@@ -103,8 +103,9 @@ class BatchIndex:
 class _Local:
     """A container in a local file, read with ``pread``."""
 
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    def __init__(self, root: str, key: str) -> None:
+        # a regular file inside the store: no link out of it, no FIFO to block on
+        self.fd = local_io.open_regular(root, key)
         self.size = os.fstat(self.fd).st_size
 
     def tail(self) -> tuple[int | None, bytes]:
@@ -174,7 +175,7 @@ def _refuse(where: str, problem: str) -> StoreFormatError:
 def _open(zstore: Any, path: str, url: str) -> Any:
     try:
         if isinstance(zstore, LocalStore):
-            return _Local(os.path.join(zstore.root, path))
+            return _Local(str(zstore.root), path)
         return _Remote(zstore, path)
     except (FileNotFoundError, NotADirectoryError):
         raise BatchNotFoundError(f"batch data {path!r} is missing from {url!r}.") from None
@@ -301,6 +302,11 @@ def _layouts(src: Any, index: BatchIndex, names: Sequence[str], where: str,
                              "chunk members (a grid of mostly absent chunks)")
     for name, lay in layouts.items():
         members = index.chunks.get(name)
+        if members and max(m.size for m in members.values()) > lay.max_stored_bytes:
+            big = max(members.values(), key=lambda m: m.size)
+            raise _refuse(f"{where}, array {name!r}",
+                          f"zip member {big.name!r} holds {big.size} bytes; a chunk of this "
+                          f"array holds at most {lay.max_stored_bytes}")
         if members and not lay.grid[1].issuperset(members):
             extra = sorted(set(members) - lay.grid[1])
             raise _refuse(f"{where}, array {name!r}",
