@@ -116,6 +116,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         self._commits: dict[int, dict[str, Any]] = {}
         self._skipped: dict[int, str] = {}
         """Commit records that cannot be read, by batch id: why."""
+        self._skipped_runs: dict[int, str] = {}
         self._format_major: int | None = None
         if storage_options:
             _OPTIONS[self.url] = self.storage_options
@@ -193,7 +194,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 f"no daskrl store at {self.url!r} (no zarr.json at its root). Check the URL, "
                 "and that this machine sees the same filesystem as the workers."
             )
-        info = (root.get("attributes") or {}).get("daskrl")
+        attrs = root.get("attributes")
+        info = attrs.get("daskrl") if isinstance(attrs, dict) else None
         if (
             root.get("zarr_format") != 3
             or not isinstance(info, dict)
@@ -376,11 +378,32 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 f"batches {fresh[:10]}{' ...' if len(fresh) > 10 else ''}: "
                 f"{self._skipped[fresh[0]]} (all: store.skipped_records())"), stacklevel=3)
 
-    def skipped_records(self) -> dict[int, str]:
-        """Commit records that listings skipped because they cannot be read, by batch id:
-        what is wrong with each.  Loading such a batch raises :class:`StoreFormatError`."""
+    def skipped_records(self) -> dict[str, str]:
+        """Records that listings skip because they cannot be read (garbage, truncated, wrongly
+        typed, or naming a path that is not the batch's own), by key (``commits/<id>/zarr.json``,
+        ``runs/<run>/zarr.json``): what is wrong with each.  Loading such a batch raises
+        :class:`StoreFormatError`."""
         self.refresh()
-        return dict(sorted(self._skipped.items()))
+        self.runs()
+        out = {f"commits/{bid:012d}/zarr.json": why for bid, why in self._skipped.items()}
+        out.update({f"runs/{run:04d}/zarr.json": why for run, why in self._skipped_runs.items()})
+        return dict(sorted(out.items()))
+
+    def _still_committed(self, batch_id: int, path: str) -> bool:
+        """The commit record of ``batch_id`` still names ``path`` (re-read now)."""
+        try:
+            self._check_still_committed(batch_id, path)
+        except BatchNotFoundError:
+            return False
+        return True
+
+    def _data_missing(self, batch_id: int, path: str) -> BatchDataMissingError:
+        return BatchDataMissingError(
+            f"batch {batch_id} ({path!r}) of {self.url!r} is committed but its data is "
+            "missing: the store is damaged (the container was deleted or moved by something "
+            "other than daskrl). Restore it from a copy, or delete the batch: "
+            f"open_store(url, writable=True).delete_batches([{batch_id}])."
+        )
 
     def batch_ids(self) -> list[int]:
         """Committed batch ids, ascending."""
@@ -444,12 +467,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             out = read(self._zstore, path, where, keys, device, self.url)
         except BatchNotFoundError:
             self._check_still_committed(batch_id, path)  # deleted under the read?
-            raise BatchDataMissingError(
-                f"{where} of {self.url!r} is committed but its data is missing: the store is "
-                "damaged (the container was deleted or moved by something other than daskrl). "
-                f"Restore it from a copy, or delete the batch: "
-                f"open_store(url, writable=True).delete_batches([{batch_id}])."
-            ) from None
+            raise self._data_missing(batch_id, path) from None
         except (KeyError, StoreError):
             self._check_still_committed(batch_id, path)  # deleted under the read?
             raise
