@@ -122,11 +122,11 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             _OPTIONS[self.url] = self.storage_options
 
     # -- low level ---------------------------------------------------------------------------
-    def _get_json(self, key: str) -> dict[str, Any] | None:
+    def _get_json(self, key: str, what: str = "") -> dict[str, Any] | None:
         """The JSON object at ``key`` (None if missing): a regular file inside the store of at
         most :data:`~daskrl.local_io.MAX_DOCUMENT_BYTES` (:class:`StoreFormatError`
-        otherwise, naming the document)."""
-        where = f"{key!r} of store {self.url!r}"
+        otherwise, naming the document, ``what`` it is, and the store)."""
+        where = f"{what}{key!r} of store {self.url!r}"
         if isinstance(self._zstore, LocalStore):
             raw = local_io.read_file(self._zstore.root, key)
         else:
@@ -188,7 +188,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
 
     def check_format(self) -> None:
         """Raise :class:`StoreFormatError` unless this is a daskrl store this version reads."""
-        root = self._get_json("zarr.json")
+        root = self._get_json("zarr.json", "root record ")
         if root is None:
             raise StoreFormatError(
                 f"no daskrl store at {self.url!r} (no zarr.json at its root). Check the URL, "
@@ -356,7 +356,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         if isinstance(self._zstore, LocalStore):
             # A directory outlives its record for a moment while a batch is deleted.
             root = Path(self._zstore.root) / "commits"
-            listed = {b for b in listed if (root / f"{b:012d}" / "zarr.json").is_file()}
+            # (lexists: a record that is a link or a special file is listed, then refused)
+            listed = {b for b in listed if os.path.lexists(root / f"{b:012d}" / "zarr.json")}
         for bid in set(self._commits) - listed:
             del self._commits[bid]
         for bid in set(self._skipped) - listed:
@@ -365,7 +366,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         for bid in sorted(listed - set(self._commits) - set(self._skipped)):
             key = f"commits/{bid:012d}/zarr.json"
             try:
-                doc = self._get_json(key)
+                doc = self._get_json(key, "commit record ")
                 if doc is not None:
                     self._commits[bid] = check_commit_record(
                         doc, bid, f"commit record {key!r} of store {self.url!r}")
@@ -449,7 +450,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         return self.load_path(self._record(batch_id)["path"], device, keys)
 
     def load_path(
-        self, path: str, device: torch.device | str | None = None, keys: Sequence[str] | None = None
+        self, path: str, device: torch.device | str | None = None,
+        keys: Sequence[str] | None = None, batch_id: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Load the batch at ``path`` (as named by a commit record): a zip container
         (``.zip``, format 2.x) or a group directory (format 1.x).
@@ -457,9 +459,10 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         The container (:mod:`daskrl.zip_decode`) and every array's metadata (the allowlist of
         :mod:`daskrl.zarr_decode`) are checked before any data is read; each array is decoded
         straight into one tensor (pinned when ``device`` is CUDA) and moved to ``device`` with
-        one copy.
+        one copy.  ``path`` must be an attempt ``batches/<id:012d>-<attempt>[.zip]`` (of
+        ``batch_id`` when given); anything else is refused (:class:`StoreFormatError`).
         """
-        check_attempt_path(path, None, f"load_path({path!r}) of store {self.url!r}")
+        check_attempt_path(path, batch_id, f"batch path {path!r} of store {self.url!r}")
         batch_id = _batch_id_of(path)
         where = f"batch {batch_id} ({path!r})" if batch_id is not None else f"batch {path!r}"
         read = read_zip_arrays if path.endswith(".zip") else read_arrays

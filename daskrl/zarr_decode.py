@@ -360,10 +360,10 @@ def decode_chunk(data: Any, layout: ArrayLayout, out: np.ndarray) -> None:
         declared = _zstd_content_size(buf)
         if declared != expected:
             raise ChunkError(f"zstd frame declares {declared} bytes, expected {expected}")
-        numcodecs.Zstd().decode(buf, out=out)
+        _codec_decode(numcodecs.Zstd(), "zstd", buf, out)
     elif layout.compressor == "blosc":
         check_blosc_header(buf, expected, layout)
-        numcodecs.Blosc().decode(buf, out=out)
+        _codec_decode(numcodecs.Blosc(), "blosc", buf, out)
     else:  # gzip, bounded so that a bomb cannot inflate past the chunk's size
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         raw = d.decompress(buf.tobytes(), expected + 1)
@@ -372,6 +372,13 @@ def decode_chunk(data: Any, layout: ArrayLayout, out: np.ndarray) -> None:
         out.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
     if layout.big_endian:
         out.byteswap(inplace=True)
+
+
+def _codec_decode(codec: Any, name: str, buf: np.ndarray, out: np.ndarray) -> None:
+    try:
+        codec.decode(buf, out=out)
+    except Exception as e:  # the codec's own errors (RuntimeError, ValueError) name no chunk
+        raise ChunkError(f"{name} frame does not decode ({e})") from e
 
 
 def _verify_crc(buf: np.ndarray) -> None:
@@ -581,7 +588,8 @@ def read_error(e: _JobError, path: str, url: str) -> StoreError:
             f"cannot read array {name!r} of batch {path!r} in {url!r}: chunk {key!r}: "
             f"{err}. Restore the file from a copy, or delete the batch."
         )
-    return StoreError(f"cannot read array {name!r} of batch {path!r} in {url!r}: {err!r}")
+    return StoreError(f"cannot read array {name!r} of batch {path!r} in {url!r}: chunk {key!r}: "
+                      f"{type(err).__name__}: {err}")
 
 
 def _dest(lay: ArrayLayout, arr: np.ndarray, region: tuple[slice, ...]) -> tuple[np.ndarray, bool]:
