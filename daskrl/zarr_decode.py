@@ -167,6 +167,15 @@ def check_array_metadata(doc: Any, where: str) -> ArrayLayout:
     StoreFormatError
         When anything in ``doc`` is outside the allowlist.
     """
+    try:
+        return _check_array_metadata(doc, where)
+    except StoreFormatError:
+        raise
+    except Exception as e:  # a document of a shape no check foresaw: refused all the same
+        raise _refuse(where, f"zarr.json is malformed ({type(e).__name__}: {e})") from None
+
+
+def _check_array_metadata(doc: Any, where: str) -> ArrayLayout:
     if not isinstance(doc, dict):
         raise _refuse(where, f"zarr.json is a {type(doc).__name__}, expected a JSON object")
     if doc.get("zarr_format") != 3:
@@ -234,7 +243,8 @@ def _check_codecs(codecs: Any, dtype: np.dtype, where: str
             c = {"name": c}
         name = c.get("name") if isinstance(c, dict) else None
         conf = c.get("configuration", {}) if isinstance(c, dict) else None
-        if name not in ALLOWED_CODECS or not isinstance(conf, dict) or set(c) - {"name", "configuration"}:
+        if (not isinstance(name, str) or name not in ALLOWED_CODECS or not isinstance(conf, dict)
+                or set(c) - {"name", "configuration"}):
             raise _refuse(where, f"codec {c!r} is not allowed; allowed codecs: "
                                  f"{sorted(ALLOWED_CODECS)}")
         parsed.append((name, conf))
