@@ -102,6 +102,11 @@ def open_regular(root: Path | str, key: str, checked: set[str] | None = None) ->
     Raises ``FileNotFoundError`` (or ``NotADirectoryError``) if it does not exist and
     :class:`UnsafeFileError` for anything else that is not a regular file.
     """
+    return _open_regular(root, key, checked)[0]
+
+
+def _open_regular(root: Path | str, key: str, checked: set[str] | None = None
+                  ) -> tuple[int, os.stat_result]:
     check_dirs(root, key, checked)
     try:
         fd = os.open(os.path.join(root, key), _READ_FLAGS)
@@ -110,16 +115,12 @@ def open_regular(root: Path | str, key: str, checked: set[str] | None = None) ->
             raise UnsafeFileError(f"{key!r} in the store is a symbolic link; daskrl never "
                                   "follows links inside a store") from None
         raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise UnsafeFileError(f"{key!r} in the store is {_kind(mode)}, not a regular file")
-        if _READ_FLAGS & getattr(os, "O_NONBLOCK", 0):
-            os.set_blocking(fd, True)  # a regular file: blocking reads as usual
-    except BaseException:
+    # O_NONBLOCK stays set: it changes nothing for reads of a regular file
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise
-    return fd
+        raise UnsafeFileError(f"{key!r} in the store is {_kind(st.st_mode)}, not a regular file")
+    return fd, st
 
 
 def _kind(mode: int) -> str:
@@ -136,11 +137,11 @@ def read_file(root: Path | str, key: str, max_bytes: int = MAX_DOCUMENT_BYTES) -
     not exist.  Raises :class:`UnsafeFileError` for a link or special file, or a file of more
     than ``max_bytes``."""
     try:
-        fd = open_regular(root, key)
+        fd, st = _open_regular(root, key)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        size = os.fstat(fd).st_size
+        size = st.st_size
         if size > max_bytes:
             raise UnsafeFileError(f"{key!r} in the store holds {size} bytes; a document holds "
                                   f"at most {max_bytes}")

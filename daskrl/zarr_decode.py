@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import os
+import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -97,7 +98,7 @@ class ArrayLayout:
     def chunk_nbytes(self) -> int:
         return math.prod(self.chunk_shape) * self.dtype.itemsize
 
-    @property
+    @functools.cached_property
     def max_stored_bytes(self) -> int:
         """Most bytes a stored chunk of this array may hold: its decoded size plus what its
         codecs add at worst (zstd, gzip and blosc stay within 1/128 plus 64 KiB)."""
@@ -302,6 +303,8 @@ _BLOSC_FORMATS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
 _BLOSC_MEMCPYED = 0x02
 _BLOSC_KNOWN_FLAGS = 0x01 | 0x02 | 0x04 | 0x10 | 0xE0  # shuffle, memcpyed, bitshuffle, no split, codec
 _BLOSC_MAX_BLOCKSIZE = 1 << 28  # c-blosc 1.x's BLOSC_MAX_BLOCKSIZE
+_BLOSC_HEADER = struct.Struct("<BBBBIII")  # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
+_BLOSC_STARTS = [struct.Struct(f"<{n}I") for n in range(257)]
 
 
 def check_blosc_header(buf: np.ndarray, expected: int, layout: ArrayLayout) -> None:
@@ -316,9 +319,7 @@ def check_blosc_header(buf: np.ndarray, expected: int, layout: ArrayLayout) -> N
     """
     if buf.size < 16:
         raise ChunkError(f"blosc frame of {buf.size} bytes is shorter than its 16-byte header")
-    head = buf[:16].tobytes()
-    version, flags, typesize = head[0], head[2], head[3]
-    nbytes, blocksize, cbytes = (int.from_bytes(head[i:i + 4], "little") for i in (4, 8, 12))
+    version, _, flags, typesize, nbytes, blocksize, cbytes = _BLOSC_HEADER.unpack_from(buf)
     if nbytes != expected:
         raise ChunkError(f"blosc header declares {nbytes} bytes, expected {expected}")
     if cbytes != buf.size:
@@ -345,8 +346,13 @@ def check_blosc_header(buf: np.ndarray, expected: int, layout: ArrayLayout) -> N
     if first > cbytes:
         raise ChunkError(f"blosc frame of {cbytes} bytes cannot hold the offsets of its "
                          f"{nblocks} blocks")
-    starts = buf[16:first].view("<u4")
-    if starts.size and (int(starts.min()) < first or int(starts.max()) > cbytes - 4):
+    if nblocks <= 256:  # the usual few blocks: cheaper than numpy
+        starts = _BLOSC_STARTS[nblocks].unpack_from(buf, 16)
+        lo, hi = min(starts), max(starts)
+    else:
+        starts = buf[16:first].view("<u4")
+        lo, hi = int(starts.min()), int(starts.max())
+    if lo < first or hi > cbytes - 4:
         raise ChunkError("blosc block offsets lie outside the frame")
 
 

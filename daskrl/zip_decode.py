@@ -87,6 +87,8 @@ class BatchIndex:
     tail_offset: int
     tail: bytes
     """The container's last bytes, already read."""
+    largest: dict[str, zc.Member] = dataclasses.field(default_factory=dict)
+    """Each array's largest chunk member."""
 
     def cached(self, m: zc.Member) -> memoryview | None:
         """Header and data of member ``m`` if they lie in the bytes already read."""
@@ -198,13 +200,14 @@ def _build_index(src: Any, where: str, path: str, url: str) -> BatchIndex:
         raise _refuse(where, f"its zip container is not accepted: {e}") from None
     cached = _STRUCTURES.get(id(members))
     if cached is not None and cached[0] is members:  # a directory already checked
-        docs, chunks = cached[1], cached[2]
+        docs, chunks, largest = cached[1], cached[2], cached[3]
     else:
         docs, chunks = _structure(members, where)
+        largest = {a: max(c.values(), key=lambda m: m.size) for a, c in chunks.items() if c}
         if len(_STRUCTURES) >= 256:
             _STRUCTURES.clear()
-        _STRUCTURES[id(members)] = (members, docs, chunks)
-    return BatchIndex(d.archive_size, docs, chunks, crcs, tail_offset, tail)
+        _STRUCTURES[id(members)] = (members, docs, chunks, largest)
+    return BatchIndex(d.archive_size, docs, chunks, crcs, tail_offset, tail, largest)
 
 
 _KNOWN_DOCS: dict[tuple[int, int], ArrayLayout] = {}
@@ -212,7 +215,8 @@ _KNOWN_DOCS: dict[tuple[int, int], ArrayLayout] = {}
 directory entry matches one is not read again: its bytes are the accepted document (or, were a
 CRC-32 forged, bytes never interpreted, since the accepted layout is used)."""
 
-_STRUCTURES: dict[int, tuple[list[zc.Member], dict[str, zc.Member], dict[str, dict[str, zc.Member]]]] = {}
+_STRUCTURES: dict[int, tuple[list[zc.Member], dict[str, zc.Member], dict[str, dict[str, zc.Member]],
+                             dict[str, zc.Member]]] = {}
 
 
 def _structure(members: list[zc.Member], where: str
@@ -302,8 +306,8 @@ def _layouts(src: Any, index: BatchIndex, names: Sequence[str], where: str,
                              "chunk members (a grid of mostly absent chunks)")
     for name, lay in layouts.items():
         members = index.chunks.get(name)
-        if members and max(m.size for m in members.values()) > lay.max_stored_bytes:
-            big = max(members.values(), key=lambda m: m.size)
+        big = index.largest.get(name)
+        if big is not None and big.size > lay.max_stored_bytes:
             raise _refuse(f"{where}, array {name!r}",
                           f"zip member {big.name!r} holds {big.size} bytes; a chunk of this "
                           f"array holds at most {lay.max_stored_bytes}")
