@@ -526,3 +526,54 @@ def test_a_local_header_whose_crc32_disagrees_with_the_directory_is_refused(tmp_
     with pytest.raises(StoreError, match=re.escape("local header disagrees with the central "
                                                    "directory")):
         daskrl.open_store(url).load(0)
+
+
+_REMOTE_CLAIM = textwrap.dedent("""
+    import resource, struct, sys, zipfile, io, json
+    limit = 3 << 30
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    import fsspec, numpy as np, daskrl
+    from daskrl.store import TrajectoryStore
+    url = "memory://hostile-claim"
+    w = TrajectoryStore(url, read_only=False)
+    w.initialize()
+    noise = np.random.default_rng(0).integers(0, 255, (80, 4, 4096), dtype=np.uint8)  # 1.25 MiB
+    meta = {"frames": 320, "weights_version": 0, "worker": "w", "device": "cpu",
+            "episode_returns": [], "episode_lengths": [], "shape": [80, 4]}
+    path, _ = w.write_batch(0, {"noise": noise}, meta, compression="none")
+    fs = fsspec.filesystem("memory")
+    with zipfile.ZipFile(io.BytesIO(fs.cat_file(f"{url}/{path}"))) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    doc = json.loads(members["noise/zarr.json"])
+    doc["shape"][0] = 80 * 65536  # 80 GiB, all but one chunk absent (fill)
+    members["noise/zarr.json"] = json.dumps(doc).encode()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for n, d in members.items():
+            z.writestr(n, d)
+    raw = bytearray(out.getvalue())
+    # the end record claims an archive 3 GiB larger than the object: the directory is still
+    # found in the object's last MiB, but the size bound would allow 3 TiB of arrays
+    (cd_offset,) = struct.unpack_from("<I", raw, len(raw) - 6)
+    struct.pack_into("<I", raw, len(raw) - 6, cd_offset + (3 << 30))
+    fs.pipe_file(f"{url}/{path}", bytes(raw))
+    try:
+        daskrl.open_store(url).load(0)
+    except daskrl.DaskrlError as e:
+        print("REFUSED", type(e).__name__, str(e).replace(chr(10), " "))
+    except BaseException as e:
+        print("RAISED", type(e).__name__, str(e)[:300])
+    else:
+        print("LOADED")
+""")
+
+
+def test_a_remote_container_claiming_a_larger_size_cannot_make_the_reader_allocate(tmp_path):
+    """On an object store the reader learns a large container's size from its end records; the
+    arrays are bounded by the bytes that really came back, before anything is allocated."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", _REMOTE_CLAIM], capture_output=True, text=True,
+                       timeout=120, env=env)
+    line = (r.stdout.strip().splitlines() or [r.stderr[-500:]])[-1]
+    assert r.returncode == 0 and line.startswith("REFUSED StoreFormatError"), (r.returncode, line)
+    assert f"its arrays would decode to {80 * 65536 * 4 * 4096} bytes" in line
