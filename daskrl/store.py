@@ -128,7 +128,10 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         otherwise, naming the document, ``what`` it is, and the store)."""
         where = f"{what}{key!r} of store {self.url!r}"
         if isinstance(self._zstore, LocalStore):
-            raw = local_io.read_file(self._zstore.root, key)
+            try:
+                raw = local_io.read_file(self._zstore.root, key)
+            except local_io.UnsafeFileError as e:
+                raise local_io.UnsafeFileError(f"{where}: {e}") from None
         else:
             limit = local_io.MAX_DOCUMENT_BYTES
             try:  # a bounded read: a huge or endless object must not exhaust memory

@@ -184,6 +184,8 @@ def _open(zstore: Any, path: str, url: str) -> Any:
         return _Remote(zstore, path)
     except (FileNotFoundError, NotADirectoryError):
         raise BatchNotFoundError(f"batch data {path!r} is missing from {url!r}.") from None
+    except local_io.UnsafeFileError as e:
+        raise local_io.UnsafeFileError(f"store {url!r}: {e}; the batch was not read") from None
 
 
 def _build_index(src: Any, where: str, path: str, url: str) -> BatchIndex:
