@@ -366,16 +366,18 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         for bid in set(self._skipped) - listed:
             del self._skipped[bid]
         fresh = []
-        for bid in sorted(listed - set(self._commits) - set(self._skipped)):
+        for bid in sorted(listed - set(self._commits)):  # new records, and bad ones again
             key = f"commits/{bid:012d}/zarr.json"
             try:
                 doc = self._get_json(key, "commit record ")
                 if doc is not None:
                     self._commits[bid] = check_commit_record(
                         doc, bid, f"commit record {key!r} of store {self.url!r}")
+                self._skipped.pop(bid, None)  # repaired, or gone
             except StoreFormatError as e:  # one bad record must not hide the good ones
+                if bid not in self._skipped:
+                    fresh.append(bid)  # reported once
                 self._skipped[bid] = str(e)
-                fresh.append(bid)
         if fresh:
             warnings.warn(StoreRecordWarning(
                 f"store {self.url!r}: skipped {len(fresh)} unreadable commit record(s) of "

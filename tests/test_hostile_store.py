@@ -577,3 +577,19 @@ def test_a_remote_container_claiming_a_larger_size_cannot_make_the_reader_alloca
     line = (r.stdout.strip().splitlines() or [r.stderr[-500:]])[-1]
     assert r.returncode == 0 and line.startswith("REFUSED StoreFormatError"), (r.returncode, line)
     assert f"its arrays would decode to {80 * 65536 * 4 * 4096} bytes" in line
+
+
+def test_a_repaired_commit_record_is_listed_again(tmp_path):
+    url, root, _ = _store(tmp_path, n=2)
+    rec = root / "commits" / "000000000001" / "zarr.json"
+    good = rec.read_bytes()
+    rec.unlink()
+    rec.write_bytes(b"{")
+    store = daskrl.open_store(url)
+    with pytest.warns(StoreRecordWarning):
+        assert store.batch_ids() == [0]
+    assert store.batch_ids() == [0]  # reported once, not on every listing
+    rec.unlink()
+    rec.write_bytes(good)
+    assert store.batch_ids() == [0, 1] and store.skipped_records() == {}
+    assert store.load(1)["reward"].shape == (6, 2)
