@@ -132,12 +132,13 @@ def _kind(mode: int) -> str:
     return f"a special file (mode {mode:#o})"
 
 
-def read_file(root: Path | str, key: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes | None:
+def read_file(root: Path | str, key: str, max_bytes: int = MAX_DOCUMENT_BYTES,
+              checked: set[str] | None = None) -> bytes | None:
     """Contents of the regular file ``root/key`` (see :func:`open_regular`); None if it does
     not exist.  Raises :class:`UnsafeFileError` for a link or special file, or a file of more
     than ``max_bytes``."""
     try:
-        fd, st = _open_regular(root, key)
+        fd, st = _open_regular(root, key, checked)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:

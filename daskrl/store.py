@@ -117,6 +117,9 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         self._skipped: dict[int, str] = {}
         """Commit records that cannot be read, by batch id: why."""
         self._skipped_runs: dict[int, str] = {}
+        self._dirs_ok: set[str] = set()
+        """Directories of a local store found to be real ones, not links (checked once per
+        store object: the reader's rules are those of a store at rest)."""
         self._format_major: int | None = None
         if storage_options:
             _OPTIONS[self.url] = self.storage_options
@@ -129,7 +132,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         where = f"{what}{key!r} of store {self.url!r}"
         if isinstance(self._zstore, LocalStore):
             try:
-                raw = local_io.read_file(self._zstore.root, key)
+                raw = local_io.read_file(self._zstore.root, key, checked=self._dirs_ok)
             except local_io.UnsafeFileError as e:
                 raise local_io.UnsafeFileError(f"{where}: {e}") from None
         else:
@@ -470,9 +473,12 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         check_attempt_path(path, batch_id, f"batch path {path!r} of store {self.url!r}")
         batch_id = _batch_id_of(path)
         where = f"batch {batch_id} ({path!r})" if batch_id is not None else f"batch {path!r}"
-        read = read_zip_arrays if path.endswith(".zip") else read_arrays
         try:
-            out = read(self._zstore, path, where, keys, device, self.url)
+            if path.endswith(".zip"):
+                out = read_zip_arrays(self._zstore, path, where, keys, device, self.url,
+                                      self._dirs_ok)
+            else:
+                out = read_arrays(self._zstore, path, where, keys, device, self.url)
         except BatchNotFoundError:
             self._check_still_committed(batch_id, path)  # deleted under the read?
             raise self._data_missing(batch_id, path) from None

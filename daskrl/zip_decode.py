@@ -108,9 +108,9 @@ class BatchIndex:
 class _Local:
     """A container in a local file, read with ``pread``."""
 
-    def __init__(self, root: str, key: str) -> None:
+    def __init__(self, root: str, key: str, checked: set[str] | None = None) -> None:
         # a regular file inside the store: no link out of it, no FIFO to block on
-        self.fd = local_io.open_regular(root, key)
+        self.fd = local_io.open_regular(root, key, checked)
         self.size = os.fstat(self.fd).st_size
 
     def tail(self) -> tuple[int | None, bytes]:
@@ -177,10 +177,10 @@ def _refuse(where: str, problem: str) -> StoreFormatError:
     )
 
 
-def _open(zstore: Any, path: str, url: str) -> Any:
+def _open(zstore: Any, path: str, url: str, checked: set[str] | None = None) -> Any:
     try:
         if isinstance(zstore, LocalStore):
-            return _Local(str(zstore.root), path)
+            return _Local(str(zstore.root), path, checked)
         return _Remote(zstore, path)
     except (FileNotFoundError, NotADirectoryError):
         raise BatchNotFoundError(f"batch data {path!r} is missing from {url!r}.") from None
@@ -350,14 +350,16 @@ def read_zip_arrays(
     keys: Sequence[str] | None = None,
     device: torch.device | str | None = None,
     url: str = "",
+    checked: set[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read the arrays of the container ``path`` as ``{name: tensor}`` on ``device``.
 
     The container and every requested array's metadata are validated before any chunk is
-    read; ``where`` names the batch in messages.
+    read; ``where`` names the batch in messages.  ``checked``: directories of the store already
+    found to be real ones (see :func:`daskrl.local_io.check_dirs`).
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    src = _open(zstore, path, url)
+    src = _open(zstore, path, url, checked)
     try:
         index = _build_index(src, where, path, url)
         names = sorted(index.docs) if keys is None else list(keys)
