@@ -10,6 +10,7 @@ from .collector import Collector
 from .config import CollectorConfig, Compression
 from .dataset import ReplayDataset, TransitionDataset
 from .errors import (
+    BatchDataMissingError,
     BatchNotFoundError,
     BatchTimeoutError,
     ClusterTimeoutError,
@@ -21,6 +22,7 @@ from .errors import (
     SlurmJobError,
     StoreError,
     StoreFormatError,
+    StoreRecordWarning,
     StoreURLError,
     VersionMismatchError,
     WeightsIntegrityError,
@@ -35,6 +37,7 @@ from .weights import WeightsSnapshot, snapshot
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchDataMissingError",
     # data
     "BatchHandle",
     "BatchNotFoundError",
@@ -56,6 +59,7 @@ __all__ = [
     "SlurmJobError",
     "StoreError",
     "StoreFormatError",
+    "StoreRecordWarning",
     "StoreURLError",
     "TrajectoryStore",
     "TransitionDataset",

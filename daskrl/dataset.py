@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from .errors import BatchNotFoundError, ConfigError, StoreError
+from .errors import BatchNotFoundError, ConfigError, StoreError, StoreRecordWarning
 
 __all__ = ["ReplayDataset", "TransitionDataset"]
 
@@ -187,7 +188,9 @@ class ReplayDataset(IterableDataset):
         Root of the sampling streams: each ``DataLoader`` worker draws from ``seed`` and its
         torch worker seed (new every epoch, reproducible under ``torch.manual_seed``).
     wait_seconds
-        How long to wait for a first usable batch before raising :class:`~daskrl.StoreError`.
+        How long to wait for a usable batch (the first, or the next after one could not be
+        loaded) before raising :class:`~daskrl.StoreError`.  Committed batches that cannot be
+        read (data missing or damaged) are skipped with a :class:`~daskrl.StoreRecordWarning`.
     storage_options
         For fsspec (default: those registered in this process for the URL).
     """
@@ -233,25 +236,33 @@ class ReplayDataset(IterableDataset):
         store = self._src.store()
         L = self._src.length
         produced = 0
+        # Raise once no batch could be loaded for wait_seconds (before the first, or since the
+        # last): batches that cannot be read are skipped, with a warning, never retried forever.
         deadline = time.monotonic() + self.wait_seconds
+        unreadable: dict[int, str] = {}
         while quota is None or produced < quota:
             recs = store.records()
-            ids = [b for b in recs if int(recs[b]["shape"][0]) >= L]
+            ids = [b for b in recs if int(recs[b]["shape"][0]) >= L and b not in unreadable]
             if self.window is not None:
                 ids = ids[-self.window:]
             if not ids:
                 if time.monotonic() > deadline:
-                    raise StoreError(
-                        f"no batch with at least {L} steps appeared in {self._src.url!r} within "
-                        f"{self.wait_seconds:.0f}s; is a collector writing to it?"
-                    )
+                    raise self._nothing_to_sample(L, unreadable)
                 time.sleep(0.2)
                 continue
             bid = ids[int(rng.integers(len(ids)))]
             try:
                 batch = store.load(bid, keys=self._src.keys)
             except BatchNotFoundError:  # deleted meanwhile (keep_last): pick another
+                if time.monotonic() > deadline:
+                    raise self._nothing_to_sample(L, unreadable) from None
                 continue
+            except StoreError as e:  # committed but unreadable: damaged, or data missing
+                unreadable[bid] = str(e)
+                warnings.warn(StoreRecordWarning(
+                    f"ReplayDataset skips batch {bid}, which cannot be read: {e}"), stacklevel=2)
+                continue
+            deadline = time.monotonic() + self.wait_seconds
             T, E = (int(n) for n in recs[bid]["shape"])
             n = self.samples_per_batch if quota is None else min(self.samples_per_batch,
                                                                   quota - produced)
@@ -260,3 +271,16 @@ class ReplayDataset(IterableDataset):
             for t, e in zip(ts.tolist(), es.tolist()):
                 yield self._src.sample(batch, t, e)
             produced += n
+
+    def _nothing_to_sample(self, length: int, unreadable: Mapping[int, str]) -> StoreError:
+        if unreadable:
+            first = next(iter(unreadable.values()))
+            return StoreError(
+                f"no batch of {self._src.url!r} could be sampled for {self.wait_seconds:.0f}s: "
+                f"{len(unreadable)} committed batch(es) {sorted(unreadable)[:10]} cannot be "
+                f"read (first: {first})"
+            )
+        return StoreError(
+            f"no batch with at least {length} steps appeared in {self._src.url!r} within "
+            f"{self.wait_seconds:.0f}s; is a collector writing to it?"
+        )

@@ -8,6 +8,7 @@ daskrl.  Messages say what was wrong, what was expected and what to do.
 from __future__ import annotations
 
 __all__ = [
+    "BatchDataMissingError",
     "BatchNotFoundError",
     "BatchTimeoutError",
     "ClusterTimeoutError",
@@ -19,6 +20,7 @@ __all__ = [
     "SlurmJobError",
     "StoreError",
     "StoreFormatError",
+    "StoreRecordWarning",
     "StoreURLError",
     "VersionMismatchError",
     "WeightsIntegrityError",
@@ -79,6 +81,16 @@ class ClusterTimeoutError(DaskrlError, TimeoutError):
     """A call to the Dask cluster on the learner's path (publishing weights, loading them,
     probing the store) did not complete within the collector's ``call_timeout``, and no
     responsive worker was left to do it instead."""
+
+
+class BatchDataMissingError(StoreError):
+    """A batch is committed but its data is missing: the store is damaged (its container was
+    deleted or moved by something other than daskrl)."""
+
+
+class StoreRecordWarning(UserWarning):
+    """A listing skipped records of a store that cannot be read (see
+    :meth:`~daskrl.TrajectoryStore.skipped_records`)."""
 
 
 class CollectorClosedError(DaskrlError, RuntimeError):

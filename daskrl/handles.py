@@ -63,7 +63,7 @@ class BatchHandle:
         from .store import TrajectoryStore, options_for
 
         opts = storage_options if storage_options is not None else options_for(self.store)
-        return TrajectoryStore(self.store, opts).load_path(self.path, device, keys)
+        return TrajectoryStore(self.store, opts).load_path(self.path, device, keys, self.batch_id)
 
     def record(self) -> dict[str, Any]:
         """Plain-JSON metadata, as stored in the batch's commit record."""

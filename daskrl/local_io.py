@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["create_exclusive", "listdir", "read_file", "thread_pool", "write_new_file",
+from .errors import StoreFormatError
+
+__all__ = ["MAX_DOCUMENT_BYTES", "UnsafeFileError", "check_dirs", "create_exclusive", "listdir",
+           "open_regular", "read_file", "thread_pool", "write_new_file",
            "write_new_file_at", "write_new_files"]
 
 _PARALLEL_BYTES = 4 << 20
@@ -56,13 +61,104 @@ def thread_pool(kind: str = "io") -> concurrent.futures.ThreadPoolExecutor:
         return pool[1]
 
 
-def read_file(root: Path, key: str) -> bytes | None:
-    """Contents of ``root/key``; None if it does not exist."""
+MAX_DOCUMENT_BYTES = 1 << 20
+"""Largest JSON document (root, run, commit record, array ``zarr.json``) a reader accepts;
+daskrl writes a few KiB at most."""
+
+_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_CLOEXEC", 0))
+
+
+class UnsafeFileError(StoreFormatError):
+    """A path inside a store is a symbolic link, a FIFO, a device, another non-regular file, or
+    a document larger than any daskrl writes: readers refuse it."""
+
+
+def check_dirs(root: Path | str, key: str, checked: set[str] | None = None) -> None:
+    """Refuse ``key`` unless every directory between ``root`` and it is a real directory (no
+    symbolic link: a store's contents must lie inside it).  ``checked`` holds directories
+    already found good (shared across calls to check a tree once)."""
+    parts = key.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        d = "/".join(parts[:i])
+        if checked is not None and d in checked:
+            continue
+        try:
+            st = os.lstat(os.path.join(root, d))
+        except (FileNotFoundError, NotADirectoryError):
+            return  # the open that follows reports it missing
+        if not stat.S_ISDIR(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            raise UnsafeFileError(f"{d!r} in the store is {kind}; daskrl never follows links "
+                                  "inside a store (everything it reads must lie inside it)")
+        if checked is not None:
+            checked.add(d)
+
+
+def open_regular(root: Path | str, key: str, checked: set[str] | None = None) -> int:
+    """Open ``root/key`` for reading, refusing anything but a regular file inside the store:
+    no symbolic link (``O_NOFOLLOW``, and :func:`check_dirs` for its directories), no FIFO or
+    device (opened with ``O_NONBLOCK`` so that a FIFO cannot block the open, then ``fstat``).
+
+    Raises ``FileNotFoundError`` (or ``NotADirectoryError``) if it does not exist and
+    :class:`UnsafeFileError` for anything else that is not a regular file.
+    """
+    return _open_regular(root, key, checked)[0]
+
+
+def _open_regular(root: Path | str, key: str, checked: set[str] | None = None
+                  ) -> tuple[int, os.stat_result]:
+    check_dirs(root, key, checked)
     try:
-        with open(os.path.join(root, key), "rb") as f:
-            return f.read()
+        fd = os.open(os.path.join(root, key), _READ_FLAGS)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeFileError(f"{key!r} in the store is a symbolic link; daskrl never "
+                                  "follows links inside a store") from None
+        raise
+    # O_NONBLOCK stays set: it changes nothing for reads of a regular file
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafeFileError(f"{key!r} in the store is {_kind(st.st_mode)}, not a regular file")
+    return fd, st
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return f"a special file (mode {mode:#o})"
+
+
+def read_file(root: Path | str, key: str, max_bytes: int = MAX_DOCUMENT_BYTES,
+              checked: set[str] | None = None) -> bytes | None:
+    """Contents of the regular file ``root/key`` (see :func:`open_regular`); None if it does
+    not exist.  Raises :class:`UnsafeFileError` for a link or special file, or a file of more
+    than ``max_bytes``."""
+    try:
+        fd, st = _open_regular(root, key, checked)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    try:
+        size = st.st_size
+        if size > max_bytes:
+            raise UnsafeFileError(f"{key!r} in the store holds {size} bytes; a document holds "
+                                  f"at most {max_bytes}")
+        data = os.read(fd, max_bytes + 1)
+        while len(data) <= max_bytes:  # short reads (network filesystems) until end of file
+            more = os.read(fd, max_bytes + 1 - len(data))
+            if not more:
+                break
+            data += more
+        if len(data) > max_bytes:
+            raise UnsafeFileError(f"{key!r} in the store holds more than {max_bytes} bytes; "
+                                  "a document holds at most that")
+        return data
+    finally:
+        os.close(fd)
 
 
 def listdir(root: Path, key: str) -> list[str]:

@@ -8,14 +8,22 @@ are listed by their commit records only; their data is read through the allowlis
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from .errors import BatchNotFoundError, ConfigError, StoreError
+from .errors import (
+    BatchNotFoundError,
+    ConfigError,
+    StoreError,
+    StoreFormatError,
+    StoreRecordWarning,
+)
 from .handles import BatchHandle
+from .records import check_run_record
 
 if TYPE_CHECKING:
     import dask.array
@@ -69,13 +77,16 @@ class StoreReaders:
     url: str
     _zstore: Any
     _commits: dict[int, dict[str, Any]]
+    _skipped_runs: dict[int, str]
 
     # provided by TrajectoryStore
     def refresh(self) -> None: ...
     def batch_ids(self) -> list[int]: ...
     def handle(self, batch_id: int) -> BatchHandle: ...
-    def _get_json(self, key: str) -> dict[str, Any] | None: ...
+    def _get_json(self, key: str, what: str = "") -> dict[str, Any] | None: ...
     def _list_groups(self, prefix: str) -> list[str]: ...
+    def _still_committed(self, batch_id: int, path: str) -> bool: ...
+    def _data_missing(self, batch_id: int, path: str) -> StoreError: ...
     def load(self, batch_id: int, device: torch.device | str | None = None,
              keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]: ...
 
@@ -91,13 +102,29 @@ class StoreReaders:
         return {bid: dict(self._commits[bid]) for bid in sorted(self._commits)}
 
     def runs(self) -> dict[int, dict[str, Any]]:
-        """Run records by run number: ``{"run", "settings", "started", ...}``."""
+        """Run records by run number: ``{"run", "settings", "started", ...}``.
+
+        Records that cannot be read are skipped with a :class:`~daskrl.StoreRecordWarning`
+        (listed by :meth:`skipped_records`)."""
         out = {}
+        bad = []
         for name in self._list_groups("runs"):
             if name.isdigit():
-                doc = self._get_json(f"runs/{name}/zarr.json")
-                if doc is not None:
-                    out[int(name)] = doc.get("attributes") or {}
+                key = f"runs/{name}/zarr.json"
+                try:
+                    doc = self._get_json(key, "run record ")
+                    if doc is not None:
+                        out[int(name)] = check_run_record(
+                            doc, int(name), f"run record {key!r} of store {self.url!r}")
+                        self._skipped_runs.pop(int(name), None)
+                except StoreFormatError as e:
+                    if int(name) not in self._skipped_runs:
+                        bad.append(int(name))
+                    self._skipped_runs[int(name)] = str(e)
+        if bad:
+            warnings.warn(StoreRecordWarning(
+                f"store {self.url!r}: skipped {len(bad)} unreadable run record(s) {bad[:10]}: "
+                f"{self._skipped_runs[bad[0]]} (all: store.skipped_records())"), stacklevel=2)
         return out
 
     def weights_versions(self) -> list[int]:
@@ -135,7 +162,9 @@ class StoreReaders:
     ) -> Iterator[tuple[BatchHandle, dict[str, torch.Tensor]]]:
         """Yield ``(handle, {key: tensor [T, E, ...]})`` of each matching batch, by id.
 
-        Batches deleted while iterating are skipped.
+        Batches deleted while iterating are skipped; a batch that is committed but cannot be
+        read (its data missing or damaged) raises (:class:`~daskrl.BatchDataMissingError`,
+        :class:`~daskrl.StoreFormatError`), it is never skipped silently.
         """
         for h in self.handles(weights_version=weights_version, worker=worker):
             try:
@@ -239,18 +268,23 @@ class StoreReaders:
 
     def _array_layouts(self, bid: int, path: str, names: Sequence[str]) -> dict[str, Any]:
         """Validated :class:`~daskrl.zarr_decode.ArrayLayout` of arrays ``names`` of a batch."""
-        from .zarr_decode import check_array_metadata, read_metadata
+        from .zarr_decode import check_array_metadata, list_arrays, read_metadata
         from .zip_decode import read_index
 
         where = f"batch {bid} ({path!r})"
         if path.endswith(".zip"):
             try:
                 return read_index(self._zstore, path, where, self.url, keys=names)[1]
+            except BatchNotFoundError:
+                raise
             except KeyError as e:
                 raise StoreError(f"{where} of {self.url!r}: {e.args[0]} Pass keys= present in "
                                  "every batch.") from None
         out = {}
-        for name, doc in zip(names, read_metadata(self._zstore, path, names)):
+        docs = read_metadata(self._zstore, path, names)
+        if names and all(d is None for d in docs) and not list_arrays(self._zstore, path):
+            raise BatchNotFoundError(f"batch data {path!r} is missing from {self.url!r}.")
+        for name, doc in zip(names, docs):
             if doc is None:
                 raise StoreError(f"{where} of {self.url!r} has no array {name!r}; pass keys= "
                                  "present in every batch.")
@@ -294,16 +328,24 @@ class StoreReaders:
         missing = [b for b in ids if b not in recs]
         if missing:
             raise BatchNotFoundError(f"no committed batches {missing} in store {self.url!r}.")
-        names = list(keys) if keys is not None else self.array_names(recs[ids[0]]["path"])
-        parts: dict[str, list[Any]] = {n: [] for n in names}
+        names = list(keys) if keys is not None else None
+        parts: dict[str, list[Any]] = {}
         load = dask.delayed(_load_array, pure=False)
         for bid in ids:
             path = recs[bid]["path"]
-            for name, lay in self._array_layouts(bid, path, names).items():
+            try:
+                if names is None:
+                    names = self.array_names(path)
+                layouts = self._array_layouts(bid, path, names)
+            except BatchNotFoundError:
+                if self._still_committed(bid, path):
+                    raise self._data_missing(bid, path) from None
+                continue  # deleted (pruned) since it was listed: not part of the view
+            for name, lay in layouts.items():
                 arr = da.from_delayed(load(self, path, name), shape=lay.shape, dtype=lay.dtype)
                 if layout == "frames":
                     arr = arr.reshape((-1, *arr.shape[2:]))
-                parts[name].append(arr)
+                parts.setdefault(name, []).append(arr)
         axis = 1 if layout == "env" else 0
         out = {}
         for name, arrs in parts.items():

@@ -25,6 +25,7 @@ import os
 import re
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,16 +33,25 @@ from typing import Any
 import fsspec
 import numpy as np
 import torch
+from zarr.abc.store import RangeByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
 from . import local_io
 from .config import Compression
-from .errors import BatchNotFoundError, StoreError, StoreFormatError, StoreURLError
+from .errors import (
+    BatchDataMissingError,
+    BatchNotFoundError,
+    StoreError,
+    StoreFormatError,
+    StoreRecordWarning,
+    StoreURLError,
+)
 from .handles import BatchHandle
 from .housekeeping import StoreHousekeeping
 from .readers import StoreReaders
+from .records import check_attempt_path, check_commit_record, parse_document
 from .zarr_decode import read_arrays
 from .zarr_encode import encode_batch
 from .zip_container import ZipFormatError, build_archive, crc32, plan_archive
@@ -159,26 +169,45 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         self.read_only = read_only
         self._zstore = _zarr_store(self.url, self.storage_options, read_only)
         self._commits: dict[int, dict[str, Any]] = {}
+        self._skipped: dict[int, str] = {}
+        """Commit records that cannot be read, by batch id: why."""
+        self._skipped_runs: dict[int, str] = {}
+        self._dirs_ok: set[str] = set()
+        """Directories of a local store found to be real ones, not links (checked once per
+        store object: the reader's rules are those of a store at rest)."""
         self._format_major: int | None = None
         if storage_options:
             _OPTIONS[self.url] = self.storage_options
 
     # -- low level ---------------------------------------------------------------------------
-    def _get_json(self, key: str) -> dict[str, Any] | None:
+    def _get_json(self, key: str, what: str = "") -> dict[str, Any] | None:
+        """The JSON object at ``key`` (None if missing): a regular file inside the store of at
+        most :data:`~daskrl.local_io.MAX_DOCUMENT_BYTES` (:class:`StoreFormatError`
+        otherwise, naming the document, ``what`` it is, and the store). An I/O error (or a
+        backend refusing its options) is a :class:`StoreError` naming the store."""
+        where = f"{what}{key!r} of store {self.url!r}"
         try:
             if isinstance(self._zstore, LocalStore):
-                raw = local_io.read_file(self._zstore.root, key)
-            else:
                 try:
-                    buf = sync(self._zstore.get(key, prototype=default_buffer_prototype()))
+                    raw = local_io.read_file(self._zstore.root, key, checked=self._dirs_ok)
+                except local_io.UnsafeFileError as e:
+                    raise local_io.UnsafeFileError(f"{where}: {e}") from None
+            else:
+                limit = local_io.MAX_DOCUMENT_BYTES
+                try:  # a bounded read: a huge or endless object must not exhaust memory
+                    buf = sync(self._zstore.get(key, prototype=default_buffer_prototype(),
+                                                byte_range=RangeByteRequest(0, limit + 1)))
                 except FileNotFoundError:  # a read-only LocalStore whose root does not exist
                     return None
                 raw = None if buf is None else buf.to_bytes()
+                if raw is not None and len(raw) > limit:
+                    raise StoreFormatError(f"{where} holds more than {limit} bytes; a document "
+                                           "holds at most that")
         except StoreError:
             raise
         except (OSError, TypeError) as e:  # TypeError: a backend refusing an unknown option
             raise self._access_error(f"read {key!r}", e) from e
-        return None if raw is None else json.loads(raw)
+        return None if raw is None else parse_document(raw, where)
 
     def _access_error(self, what: str, e: BaseException) -> StoreError:
         """A :class:`StoreError` for an I/O error (or a backend refusing its options) that
@@ -277,13 +306,14 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
 
     def check_format(self) -> None:
         """Raise :class:`StoreFormatError` unless this is a daskrl store this version reads."""
-        root = self._get_json("zarr.json")
+        root = self._get_json("zarr.json", "root record ")
         if root is None:
             raise StoreFormatError(
                 f"no daskrl store at {self.url!r} (no zarr.json at its root). Check the URL, "
                 "and that this machine sees the same filesystem as the workers."
             )
-        info = (root.get("attributes") or {}).get("daskrl")
+        attrs = root.get("attributes")
+        info = attrs.get("daskrl") if isinstance(attrs, dict) else None
         if (
             root.get("zarr_format") != 3
             or not isinstance(info, dict)
@@ -519,13 +549,57 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         if isinstance(self._zstore, LocalStore):
             # A directory outlives its record for a moment while a batch is deleted.
             root = Path(self._zstore.root) / "commits"
-            listed = {b for b in listed if (root / f"{b:012d}" / "zarr.json").is_file()}
+            # (lexists: a record that is a link or a special file is listed, then refused)
+            listed = {b for b in listed if os.path.lexists(root / f"{b:012d}" / "zarr.json")}
         for bid in set(self._commits) - listed:
             del self._commits[bid]
-        for bid in sorted(listed - set(self._commits)):
-            doc = self._get_json(f"commits/{bid:012d}/zarr.json")
-            if doc is not None:
-                self._commits[bid] = doc["attributes"]
+        for bid in set(self._skipped) - listed:
+            del self._skipped[bid]
+        fresh = []
+        for bid in sorted(listed - set(self._commits)):  # new records, and bad ones again
+            key = f"commits/{bid:012d}/zarr.json"
+            try:
+                doc = self._get_json(key, "commit record ")
+                if doc is not None:
+                    self._commits[bid] = check_commit_record(
+                        doc, bid, f"commit record {key!r} of store {self.url!r}")
+                self._skipped.pop(bid, None)  # repaired, or gone
+            except StoreFormatError as e:  # one bad record must not hide the good ones
+                if bid not in self._skipped:
+                    fresh.append(bid)  # reported once
+                self._skipped[bid] = str(e)
+        if fresh:
+            warnings.warn(StoreRecordWarning(
+                f"store {self.url!r}: skipped {len(fresh)} unreadable commit record(s) of "
+                f"batches {fresh[:10]}{' ...' if len(fresh) > 10 else ''}: "
+                f"{self._skipped[fresh[0]]} (all: store.skipped_records())"), stacklevel=3)
+
+    def skipped_records(self) -> dict[str, str]:
+        """Records that listings skip because they cannot be read (garbage, truncated, wrongly
+        typed, or naming a path that is not the batch's own), by key (``commits/<id>/zarr.json``,
+        ``runs/<run>/zarr.json``): what is wrong with each.  Loading such a batch raises
+        :class:`StoreFormatError`."""
+        self.refresh()
+        self.runs()
+        out = {f"commits/{bid:012d}/zarr.json": why for bid, why in self._skipped.items()}
+        out.update({f"runs/{run:04d}/zarr.json": why for run, why in self._skipped_runs.items()})
+        return dict(sorted(out.items()))
+
+    def _still_committed(self, batch_id: int, path: str) -> bool:
+        """The commit record of ``batch_id`` still names ``path`` (re-read now)."""
+        try:
+            self._check_still_committed(batch_id, path)
+        except BatchNotFoundError:
+            return False
+        return True
+
+    def _data_missing(self, batch_id: int, path: str) -> BatchDataMissingError:
+        return BatchDataMissingError(
+            f"batch {batch_id} ({path!r}) of {self.url!r} is committed but its data is "
+            "missing: the store is damaged (the container was deleted or moved by something "
+            "other than daskrl). Restore it from a copy, or delete the batch: "
+            f"open_store(url, writable=True).delete_batches([{batch_id}])."
+        )
 
     def batch_ids(self) -> list[int]:
         """Committed batch ids, ascending."""
@@ -552,6 +626,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
     def _record(self, batch_id: int) -> dict[str, Any]:
         if batch_id not in self._commits:
             self.refresh()
+        if batch_id in self._skipped:
+            raise StoreFormatError(self._skipped[batch_id])
         if batch_id not in self._commits:
             raise BatchNotFoundError(
                 f"no committed batch {batch_id} in store {self.url!r} "
@@ -569,7 +645,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         return self.load_path(self._record(batch_id)["path"], device, keys)
 
     def load_path(
-        self, path: str, device: torch.device | str | None = None, keys: Sequence[str] | None = None
+        self, path: str, device: torch.device | str | None = None,
+        keys: Sequence[str] | None = None, batch_id: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Load the batch at ``path`` (as named by a commit record): a zip container
         (``.zip``, format 2.x) or a group directory (format 1.x).
@@ -577,13 +654,21 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         The container (:mod:`daskrl.zip_decode`) and every array's metadata (the allowlist of
         :mod:`daskrl.zarr_decode`) are checked before any data is read; each array is decoded
         straight into one tensor (pinned when ``device`` is CUDA) and moved to ``device`` with
-        one copy.
+        one copy.  ``path`` must be an attempt ``batches/<id:012d>-<attempt>[.zip]`` (of
+        ``batch_id`` when given); anything else is refused (:class:`StoreFormatError`).
         """
+        check_attempt_path(path, batch_id, f"batch path {path!r} of store {self.url!r}")
         batch_id = _batch_id_of(path)
         where = f"batch {batch_id} ({path!r})" if batch_id is not None else f"batch {path!r}"
-        read = read_zip_arrays if path.endswith(".zip") else read_arrays
         try:
-            out = read(self._zstore, path, where, keys, device, self.url)
+            if path.endswith(".zip"):
+                out = read_zip_arrays(self._zstore, path, where, keys, device, self.url,
+                                      self._dirs_ok)
+            else:
+                out = read_arrays(self._zstore, path, where, keys, device, self.url)
+        except BatchNotFoundError:
+            self._check_still_committed(batch_id, path)  # deleted under the read?
+            raise self._data_missing(batch_id, path) from None
         except (KeyError, StoreError):
             self._check_still_committed(batch_id, path)  # deleted under the read?
             raise
@@ -597,7 +682,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         if batch_id is None:
             return
         rec = self._get_json(f"commits/{batch_id:012d}/zarr.json")
-        if rec is None or (rec.get("attributes") or {}).get("path") != path:
+        attrs = rec.get("attributes") if rec is not None else None
+        if not isinstance(attrs, dict) or attrs.get("path") != path:
             self._commits.pop(batch_id, None)
             raise BatchNotFoundError(
                 f"batch {batch_id} of {self.url!r} was deleted while it was being read "

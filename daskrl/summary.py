@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DaskrlError
+from .errors import BatchNotFoundError, DaskrlError
 
 __all__ = ["format_summary", "plot_returns", "summarize"]
 
@@ -46,20 +46,38 @@ def summarize(store: Any) -> dict[str, Any]:
     garbage = sum(size for path, (size, _) in attempts.items()
                   if path not in committed_paths and ATTEMPT_NAME.fullmatch(path.split("/")[1]))
     chunks = raw = 0
+    pruned = []
     for bid, rec in records.items():
         path = rec["path"]
         where = f"batch {bid} ({path!r})"
         if path.endswith(".zip"):  # format 2.x: the container's directory has the sizes
-            index, layouts = read_index(store._zstore, path, where, store.url)
+            try:
+                index, layouts = read_index(store._zstore, path, where, store.url)
+            except BatchNotFoundError:
+                if store._still_committed(bid, path):
+                    raise store._data_missing(bid, path) from None
+                pruned.append(bid)  # deleted since it was listed: not counted
+                continue
             chunks += index.chunk_bytes
             raw += sum(math.prod(lay.shape) * lay.dtype.itemsize for lay in layouts.values())
             continue
         names = list_arrays(store._zstore, path)
+        if not names:
+            if store._still_committed(bid, path):
+                raise store._data_missing(bid, path)
+            pruned.append(bid)
+            continue
         docs = dict(zip(names, read_metadata(store._zstore, path, names)))
         for name, doc in docs.items():
             check_array_metadata(doc, f"{where}, array {name!r}")
         raw += array_nbytes(docs)
         chunks += sum(size for key, size, _ in store._files(path) if not key.endswith("zarr.json"))
+    if pruned:  # the counts describe the batches that are still there
+        records = {b: r for b, r in records.items() if b not in set(pruned)}
+        _, returns = _returns_by_batch(records)
+        versions = sorted({int(r["weights_version"]) for r in records.values()})
+        lengths = [int(n) for r in records.values() for n in (r.get("episode_lengths") or [])]
+    skipped = store.skipped_records()
     last = returns[-100:]
     return {
         "store": store.url,
@@ -82,6 +100,7 @@ def summarize(store: Any) -> dict[str, Any]:
         "bytes_of_chunks": chunks,
         "compression_ratio": raw / chunks if chunks else math.nan,
         "garbage_bytes": garbage,
+        "skipped_records": len(skipped),
     }
 
 
@@ -115,6 +134,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"(chunks {_size(s['bytes_of_chunks'])} of {_size(s['bytes_uncompressed'])} "
         f"uncompressed: compression ratio {num(s['compression_ratio'])})",
         f"garbage:           {_size(s['garbage_bytes'])} (remove with: daskrl gc URL)",
+        *([f"unreadable:        {s['skipped_records']} records skipped (damaged or not "
+           "daskrl's; listed by store.skipped_records())"] if s.get("skipped_records") else []),
     ])
 
 

@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import os
+import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -90,10 +91,19 @@ class ArrayLayout:
     """``"zstd"``, ``"blosc"``, ``"gzip"`` or None."""
     checksum: bool
     """Chunks end with a crc32c of what precedes it."""
+    blosc_typesize: int | None = None
+    """The blosc codec's configured ``typesize``, if any."""
 
     @property
     def chunk_nbytes(self) -> int:
         return math.prod(self.chunk_shape) * self.dtype.itemsize
+
+    @functools.cached_property
+    def max_stored_bytes(self) -> int:
+        """Most bytes a stored chunk of this array may hold: its decoded size plus what its
+        codecs add at worst (zstd, gzip and blosc stay within 1/128 plus 64 KiB)."""
+        n = self.chunk_nbytes
+        return n + (n // 128 + (64 << 10) if self.compressor else 0) + 4 * self.checksum
 
     @functools.cached_property
     def grid(self) -> tuple[tuple[tuple[str, tuple[slice, ...]], ...], frozenset[str]]:
@@ -158,6 +168,15 @@ def check_array_metadata(doc: Any, where: str) -> ArrayLayout:
     StoreFormatError
         When anything in ``doc`` is outside the allowlist.
     """
+    try:
+        return _check_array_metadata(doc, where)
+    except StoreFormatError:
+        raise
+    except Exception as e:  # a document of a shape no check foresaw: refused all the same
+        raise _refuse(where, f"zarr.json is malformed ({type(e).__name__}: {e})") from None
+
+
+def _check_array_metadata(doc: Any, where: str) -> ArrayLayout:
     if not isinstance(doc, dict):
         raise _refuse(where, f"zarr.json is a {type(doc).__name__}, expected a JSON object")
     if doc.get("zarr_format") != 3:
@@ -201,7 +220,7 @@ def check_array_metadata(doc: Any, where: str) -> ArrayLayout:
         isinstance(names, list) and all(n is None or isinstance(n, str) for n in names)
     ):
         raise _refuse(where, f"dimension_names {names!r} is not a list of strings or nulls")
-    big_endian, compressor, checksum = _check_codecs(doc.get("codecs"), dtype, where)
+    big_endian, compressor, checksum, typesize = _check_codecs(doc.get("codecs"), dtype, where)
     return ArrayLayout(
         shape=tuple(shape),
         dtype=dtype,
@@ -211,10 +230,12 @@ def check_array_metadata(doc: Any, where: str) -> ArrayLayout:
         big_endian=big_endian,
         compressor=compressor,
         checksum=checksum,
+        blosc_typesize=typesize,
     )
 
 
-def _check_codecs(codecs: Any, dtype: np.dtype, where: str) -> tuple[bool, str | None, bool]:
+def _check_codecs(codecs: Any, dtype: np.dtype, where: str
+                  ) -> tuple[bool, str | None, bool, int | None]:
     if not isinstance(codecs, list) or not codecs:
         raise _refuse(where, f"codecs {codecs!r} is not a non-empty list")
     parsed: list[tuple[str, dict[str, Any]]] = []
@@ -223,7 +244,8 @@ def _check_codecs(codecs: Any, dtype: np.dtype, where: str) -> tuple[bool, str |
             c = {"name": c}
         name = c.get("name") if isinstance(c, dict) else None
         conf = c.get("configuration", {}) if isinstance(c, dict) else None
-        if name not in ALLOWED_CODECS or not isinstance(conf, dict) or set(c) - {"name", "configuration"}:
+        if (not isinstance(name, str) or name not in ALLOWED_CODECS or not isinstance(conf, dict)
+                or set(c) - {"name", "configuration"}):
             raise _refuse(where, f"codec {c!r} is not allowed; allowed codecs: "
                                  f"{sorted(ALLOWED_CODECS)}")
         parsed.append((name, conf))
@@ -242,6 +264,7 @@ def _check_codecs(codecs: Any, dtype: np.dtype, where: str) -> tuple[bool, str |
     if set(parsed[0][1]) - {"endian"} or endian not in ("little", "big"):
         raise _refuse(where, f"bytes codec configuration {parsed[0][1]!r} is not allowed")
     compressor = None
+    typesize = None
     for name, conf in parsed[1:]:
         if name == "crc32c":
             if conf:
@@ -250,7 +273,11 @@ def _check_codecs(codecs: Any, dtype: np.dtype, where: str) -> tuple[bool, str |
         if set(conf) - _COMPRESSORS[name]:
             raise _refuse(where, f"{name} codec configuration {conf!r} has unknown keys")
         compressor = name
-    return endian == "big" and dtype.itemsize > 1, compressor, names[-1] == "crc32c"
+        if name == "blosc" and "typesize" in conf:
+            typesize = conf["typesize"]
+            if not (_is_int(typesize) and 1 <= typesize <= 255):
+                raise _refuse(where, f"blosc typesize {typesize!r} is not an integer in 1..255")
+    return endian == "big" and dtype.itemsize > 1, compressor, names[-1] == "crc32c", typesize
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -270,6 +297,63 @@ def _zstd_content_size(buf: np.ndarray) -> int | None:
 
 class ChunkError(ValueError):
     """A chunk failed its checksum or does not decode to the chunk's size."""
+
+
+_BLOSC_FORMATS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
+_BLOSC_MEMCPYED = 0x02
+_BLOSC_KNOWN_FLAGS = 0x01 | 0x02 | 0x04 | 0x10 | 0xE0  # shuffle, memcpyed, bitshuffle, no split, codec
+_BLOSC_MAX_BLOCKSIZE = 1 << 28  # c-blosc 1.x's BLOSC_MAX_BLOCKSIZE
+_BLOSC_HEADER = struct.Struct("<BBBBIII")  # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
+_BLOSC_STARTS = [struct.Struct(f"<{n}I") for n in range(257)]
+
+
+def check_blosc_header(buf: np.ndarray, expected: int, layout: ArrayLayout) -> None:
+    """Check a blosc 1.x frame's header against the chunk before decoding it.
+
+    c-blosc trusts its 16-byte header: it reads up to the ``cbytes`` the header claims (past the
+    buffer when the claim is larger: the reader's own memory would come back as data) and
+    checks block offsets against that claim only.  So every field is checked here: format
+    version 2, known flags and codec, ``typesize`` (1, the data type's size or the configured
+    one), ``nbytes`` the chunk's size, ``blocksize`` within it, ``cbytes`` exactly the buffer's
+    size, and the block offsets inside the buffer.
+    """
+    if buf.size < 16:
+        raise ChunkError(f"blosc frame of {buf.size} bytes is shorter than its 16-byte header")
+    version, _, flags, typesize, nbytes, blocksize, cbytes = _BLOSC_HEADER.unpack_from(buf)
+    if nbytes != expected:
+        raise ChunkError(f"blosc header declares {nbytes} bytes, expected {expected}")
+    if cbytes != buf.size:
+        raise ChunkError(f"blosc header declares a frame of {cbytes} bytes; the chunk holds "
+                         f"{buf.size}")
+    if version != 2 or flags & ~_BLOSC_KNOWN_FLAGS & 0xFF or (flags >> 5) not in _BLOSC_FORMATS:
+        raise ChunkError(f"blosc header has format version {version} and flags {flags:#04x}; "
+                         "expected a blosc 1.x frame (version 2) of a known codec")
+    if typesize not in (1, layout.dtype.itemsize, layout.blosc_typesize):
+        raise ChunkError(f"blosc header declares typesize {typesize}; the array's elements "
+                         f"have {layout.dtype.itemsize} bytes")
+    if nbytes == 0:
+        return
+    if not 0 < blocksize <= min(nbytes, _BLOSC_MAX_BLOCKSIZE):
+        raise ChunkError(f"blosc header declares blocks of {blocksize} bytes for a chunk of "
+                         f"{nbytes}")
+    if flags & _BLOSC_MEMCPYED:
+        if cbytes != nbytes + 16:
+            raise ChunkError(f"uncompressed blosc frame holds {cbytes} bytes, expected "
+                             f"{nbytes + 16}")
+        return
+    nblocks = -(-nbytes // blocksize)
+    first = 16 + 4 * nblocks
+    if first > cbytes:
+        raise ChunkError(f"blosc frame of {cbytes} bytes cannot hold the offsets of its "
+                         f"{nblocks} blocks")
+    if nblocks <= 256:  # the usual few blocks: cheaper than numpy
+        starts = _BLOSC_STARTS[nblocks].unpack_from(buf, 16)
+        lo, hi = min(starts), max(starts)
+    else:
+        starts = buf[16:first].view("<u4")
+        lo, hi = int(starts.min()), int(starts.max())
+    if lo < first or hi > cbytes - 4:
+        raise ChunkError("blosc block offsets lie outside the frame")
 
 
 def decode_chunk(data: Any, layout: ArrayLayout, out: np.ndarray) -> None:
@@ -292,13 +376,10 @@ def decode_chunk(data: Any, layout: ArrayLayout, out: np.ndarray) -> None:
         declared = _zstd_content_size(buf)
         if declared != expected:
             raise ChunkError(f"zstd frame declares {declared} bytes, expected {expected}")
-        numcodecs.Zstd().decode(buf, out=out)
+        _codec_decode(numcodecs.Zstd(), "zstd", buf, out)
     elif layout.compressor == "blosc":
-        # blosc header: version, versionlz, flags, typesize, nbytes (uint32 LE), ...
-        nbytes = int.from_bytes(bytes(buf[4:8]), "little") if buf.size >= 16 else -1
-        if nbytes != expected:
-            raise ChunkError(f"blosc header declares {nbytes} bytes, expected {expected}")
-        numcodecs.Blosc().decode(buf, out=out)
+        check_blosc_header(buf, expected, layout)
+        _codec_decode(numcodecs.Blosc(), "blosc", buf, out)
     else:  # gzip, bounded so that a bomb cannot inflate past the chunk's size
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         raw = d.decompress(buf.tobytes(), expected + 1)
@@ -307,6 +388,13 @@ def decode_chunk(data: Any, layout: ArrayLayout, out: np.ndarray) -> None:
         out.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
     if layout.big_endian:
         out.byteswap(inplace=True)
+
+
+def _codec_decode(codec: Any, name: str, buf: np.ndarray, out: np.ndarray) -> None:
+    try:
+        codec.decode(buf, out=out)
+    except Exception as e:  # the codec's own errors (RuntimeError, ValueError) name no chunk
+        raise ChunkError(f"{name} frame does not decode ({e})") from e
 
 
 def _verify_crc(buf: np.ndarray) -> None:
@@ -321,7 +409,8 @@ def _verify_crc(buf: np.ndarray) -> None:
         )
 
 
-def _read_local(path: Path, layout: ArrayLayout, out: np.ndarray, valid: int) -> bool:
+def _read_local(root: str, key: str, layout: ArrayLayout, out: np.ndarray, valid: int,
+                checked: set[str]) -> bool:
     """Read the chunk file ``path`` into ``out``; False if the file does not exist.
 
     ``out`` is C-contiguous.  For an uncompressed little-endian chunk it may hold only the
@@ -329,10 +418,11 @@ def _read_local(path: Path, layout: ArrayLayout, out: np.ndarray, valid: int) ->
     bytes are read straight into ``out`` with ``readinto`` (the kernel's copy is the only one)
     and the checksum is computed over them and the padding.
     """
-    try:
-        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below; raw readinto
-    except FileNotFoundError:
+    try:  # a regular file inside the store: no link out of it, no FIFO to block on
+        fd = local_io.open_regular(root, key, checked)
+    except (FileNotFoundError, NotADirectoryError):
         return False
+    f = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed below; raw readinto
     with f:
         if layout.compressor is None and not layout.big_endian:
             dest = out.reshape(-1).view(np.uint8)[:valid]
@@ -362,7 +452,13 @@ def _read_local(path: Path, layout: ArrayLayout, out: np.ndarray, valid: int) ->
                         "the chunk is corrupt or was modified"
                     )
             return True
-        data = f.readall()
+        size = os.fstat(fd).st_size
+        if size > layout.max_stored_bytes:
+            raise ChunkError(f"chunk file holds {size} bytes; a chunk of this array holds at "
+                             f"most {layout.max_stored_bytes}")
+        data = f.read(layout.max_stored_bytes + 1)
+        if len(data) > layout.max_stored_bytes:
+            raise ChunkError(f"chunk file holds more than {layout.max_stored_bytes} bytes")
     decode_chunk(data, layout, out)
     return True
 
@@ -401,9 +497,12 @@ def _read_raw_metadata(zstore: Any, path: str, names: Sequence[str]) -> list[byt
                                       for n in names))
 
     if isinstance(zstore, LocalStore):
-        raws = [local_io.read_file(zstore.root, f"{path}/{n}/zarr.json") for n in names]
-    else:
-        raws = [None if b is None else b.to_bytes() for b in sync(_get())]
+        return [local_io.read_file(zstore.root, f"{path}/{n}/zarr.json") for n in names]
+    raws = [None if b is None else b.to_bytes() for b in sync(_get())]
+    for name, raw in zip(names, raws):
+        if raw is not None and len(raw) > local_io.MAX_DOCUMENT_BYTES:
+            raise StoreFormatError(f"array {name!r} of {path!r}: zarr.json holds {len(raw)} "
+                                   f"bytes, more than {local_io.MAX_DOCUMENT_BYTES}")
     return raws
 
 
@@ -494,6 +593,9 @@ class _JobError(Exception):
 def read_error(e: _JobError, path: str, url: str) -> StoreError:
     """The error a reader raises for a chunk that failed."""
     name, key, err = e.args
+    if isinstance(err, StoreFormatError):
+        return StoreFormatError(f"cannot read array {name!r} of batch {path!r} in {url!r}: "
+                                f"chunk {key!r}: {err}")
     if isinstance(err, ZipFormatError):
         return StoreFormatError(f"cannot read array {name!r} of batch {path!r} in {url!r}: "
                                 f"chunk {key!r}: {err}. The container is corrupt or was modified.")
@@ -502,7 +604,8 @@ def read_error(e: _JobError, path: str, url: str) -> StoreError:
             f"cannot read array {name!r} of batch {path!r} in {url!r}: chunk {key!r}: "
             f"{err}. Restore the file from a copy, or delete the batch."
         )
-    return StoreError(f"cannot read array {name!r} of batch {path!r} in {url!r}: {err!r}")
+    return StoreError(f"cannot read array {name!r} of batch {path!r} in {url!r}: chunk {key!r}: "
+                      f"{type(err).__name__}: {err}")
 
 
 def _dest(lay: ArrayLayout, arr: np.ndarray, region: tuple[slice, ...]) -> tuple[np.ndarray, bool]:
@@ -524,6 +627,11 @@ def _place(lay: ArrayLayout, arr: np.ndarray, region: tuple[slice, ...], buf: np
 
 
 def _run_local(root: Path, jobs: list[Any], parallel: bool) -> None:
+    root = str(root)
+    checked: set[str] = set()  # directories found to be real ones (no links), checked once
+    for job in jobs:
+        local_io.check_dirs(root, job[1], checked)
+
     def one(job: Any) -> None:
         name, key, lay, arr, region = job
         raw = lay.compressor is None and not lay.big_endian
@@ -531,11 +639,11 @@ def _run_local(root: Path, jobs: list[Any], parallel: bool) -> None:
             if raw and lay.chunk_shape[1:] == lay.shape[1:]:
                 # chunks split the first axis only: the chunk's rows are one contiguous block
                 dest = arr[region]
-                if not _read_local(os.path.join(root, key), lay, dest, dest.nbytes):
+                if not _read_local(root, key, lay, dest, dest.nbytes, checked):
                     dest[...] = lay.fill_value
                 return
             buf, direct = _dest(lay, arr, region)
-            found = _read_local(os.path.join(root, key), lay, buf, buf.nbytes)
+            found = _read_local(root, key, lay, buf, buf.nbytes, checked)
         except Exception as e:
             raise _JobError(name, key, e) from e
         _place(lay, arr, region, buf, direct, found)

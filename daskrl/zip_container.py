@@ -412,11 +412,11 @@ def check_local_header(header: bytes | memoryview, member: Member, crc: int) -> 
         return  # as daskrl writes it
     if len(header) != LOCAL_HEADER_SIZE + len(raw):
         raise ZipFormatError(f"member {member.name!r}: local header is truncated")
-    (sig, _, flags, method, _, _, crc, csize, usize, nlen, xlen) = LOCAL_HEADER.unpack_from(header)
+    (sig, _, flags, method, _, _, local_crc, csize, usize, nlen, xlen) = LOCAL_HEADER.unpack_from(header)
     if sig != _SIG_LOCAL or nlen != len(raw) or bytes(header[LOCAL_HEADER_SIZE:]) != raw:
         raise ZipFormatError(f"member {member.name!r}: no matching local header at offset "
                              f"{member.offset}")
-    if xlen or flags != member.flags or method or (crc, csize, usize) != (
+    if xlen or flags != member.flags or method or (local_crc, csize, usize) != (
             crc, member.size, member.size):
         raise ZipFormatError(f"member {member.name!r}: local header disagrees with the central "
                              "directory or has an extra field")

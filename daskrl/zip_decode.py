@@ -87,6 +87,11 @@ class BatchIndex:
     tail_offset: int
     tail: bytes
     """The container's last bytes, already read."""
+    largest: dict[str, zc.Member] = dataclasses.field(default_factory=dict)
+    """Each array's largest chunk member."""
+    size_known: bool = True
+    """:attr:`size` is the file's (local, or a remote object read whole), not only what the
+    end records claim (a large remote object)."""
 
     def cached(self, m: zc.Member) -> memoryview | None:
         """Header and data of member ``m`` if they lie in the bytes already read."""
@@ -103,8 +108,9 @@ class BatchIndex:
 class _Local:
     """A container in a local file, read with ``pread``."""
 
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    def __init__(self, root: str, key: str, checked: set[str] | None = None) -> None:
+        # a regular file inside the store: no link out of it, no FIFO to block on
+        self.fd = local_io.open_regular(root, key, checked)
         self.size = os.fstat(self.fd).st_size
 
     def tail(self) -> tuple[int | None, bytes]:
@@ -171,13 +177,15 @@ def _refuse(where: str, problem: str) -> StoreFormatError:
     )
 
 
-def _open(zstore: Any, path: str, url: str) -> Any:
+def _open(zstore: Any, path: str, url: str, checked: set[str] | None = None) -> Any:
     try:
         if isinstance(zstore, LocalStore):
-            return _Local(os.path.join(zstore.root, path))
+            return _Local(str(zstore.root), path, checked)
         return _Remote(zstore, path)
     except (FileNotFoundError, NotADirectoryError):
         raise BatchNotFoundError(f"batch data {path!r} is missing from {url!r}.") from None
+    except local_io.UnsafeFileError as e:
+        raise local_io.UnsafeFileError(f"store {url!r}: {e}; the batch was not read") from None
 
 
 def _build_index(src: Any, where: str, path: str, url: str) -> BatchIndex:
@@ -197,13 +205,15 @@ def _build_index(src: Any, where: str, path: str, url: str) -> BatchIndex:
         raise _refuse(where, f"its zip container is not accepted: {e}") from None
     cached = _STRUCTURES.get(id(members))
     if cached is not None and cached[0] is members:  # a directory already checked
-        docs, chunks = cached[1], cached[2]
+        docs, chunks, largest = cached[1], cached[2], cached[3]
     else:
         docs, chunks = _structure(members, where)
+        largest = {a: max(c.values(), key=lambda m: m.size) for a, c in chunks.items() if c}
         if len(_STRUCTURES) >= 256:
             _STRUCTURES.clear()
-        _STRUCTURES[id(members)] = (members, docs, chunks)
-    return BatchIndex(d.archive_size, docs, chunks, crcs, tail_offset, tail)
+        _STRUCTURES[id(members)] = (members, docs, chunks, largest)
+    return BatchIndex(d.archive_size, docs, chunks, crcs, tail_offset, tail, largest,
+                      src.size is not None)
 
 
 _KNOWN_DOCS: dict[tuple[int, int], ArrayLayout] = {}
@@ -211,7 +221,8 @@ _KNOWN_DOCS: dict[tuple[int, int], ArrayLayout] = {}
 directory entry matches one is not read again: its bytes are the accepted document (or, were a
 CRC-32 forged, bytes never interpreted, since the accepted layout is used)."""
 
-_STRUCTURES: dict[int, tuple[list[zc.Member], dict[str, zc.Member], dict[str, dict[str, zc.Member]]]] = {}
+_STRUCTURES: dict[int, tuple[list[zc.Member], dict[str, zc.Member], dict[str, dict[str, zc.Member]],
+                             dict[str, zc.Member]]] = {}
 
 
 def _structure(members: list[zc.Member], where: str
@@ -288,11 +299,8 @@ def _layouts(src: Any, index: BatchIndex, names: Sequence[str], where: str,
         _KNOWN_DOCS[(m.size, index.crcs[m.name])] = found[name]
     layouts = {n: found[n] for n in names}
     # bounds first: a small container must not make the reader allocate or loop without bound
-    decoded = sum(math.prod(lay.shape) * lay.dtype.itemsize for lay in layouts.values())
-    if decoded > max(_FREE_BYTES, MAX_EXPANSION * index.size):
-        raise _refuse(where, f"its arrays would decode to {decoded} bytes from a container of "
-                             f"{index.size} bytes (more than {MAX_EXPANSION}x; if this store "
-                             "is trusted, raise daskrl.zip_decode.MAX_EXPANSION)")
+    if index.size_known:  # else checked against the bytes fetched (read_zip_arrays)
+        _check_expansion(layouts, index.size, where)
     n_chunks = sum(math.prod(-(-n // c) for n, c in zip(lay.shape, lay.chunk_shape))
                    for lay in layouts.values())
     n_members = sum(len(c) for c in index.chunks.values())
@@ -301,12 +309,25 @@ def _layouts(src: Any, index: BatchIndex, names: Sequence[str], where: str,
                              "chunk members (a grid of mostly absent chunks)")
     for name, lay in layouts.items():
         members = index.chunks.get(name)
+        big = index.largest.get(name)
+        if big is not None and big.size > lay.max_stored_bytes:
+            raise _refuse(f"{where}, array {name!r}",
+                          f"zip member {big.name!r} holds {big.size} bytes; a chunk of this "
+                          f"array holds at most {lay.max_stored_bytes}")
         if members and not lay.grid[1].issuperset(members):
             extra = sorted(set(members) - lay.grid[1])
             raise _refuse(f"{where}, array {name!r}",
                           f"zip members {[f'{name}/{k}' for k in extra[:3]]} are not chunks "
                           f"of its grid (shape {list(lay.shape)}, chunks {list(lay.chunk_shape)})")
     return layouts
+
+
+def _check_expansion(layouts: dict[str, ArrayLayout], size: int, where: str) -> None:
+    decoded = sum(math.prod(lay.shape) * lay.dtype.itemsize for lay in layouts.values())
+    if decoded > max(_FREE_BYTES, MAX_EXPANSION * size):
+        raise _refuse(where, f"its arrays would decode to {decoded} bytes from a container of "
+                             f"{size} bytes (more than {MAX_EXPANSION}x; if this store "
+                             "is trusted, raise daskrl.zip_decode.MAX_EXPANSION)")
 
 
 def read_index(zstore: Any, path: str, where: str, url: str = "",
@@ -329,20 +350,32 @@ def read_zip_arrays(
     keys: Sequence[str] | None = None,
     device: torch.device | str | None = None,
     url: str = "",
+    checked: set[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read the arrays of the container ``path`` as ``{name: tensor}`` on ``device``.
 
     The container and every requested array's metadata are validated before any chunk is
-    read; ``where`` names the batch in messages.
+    read; ``where`` names the batch in messages.  ``checked``: directories of the store already
+    found to be real ones (see :func:`daskrl.local_io.check_dirs`).
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    src = _open(zstore, path, url)
+    src = _open(zstore, path, url, checked)
     try:
         index = _build_index(src, where, path, url)
         names = sorted(index.docs) if keys is None else list(keys)
         if not names:
             raise BatchNotFoundError(f"batch data {path!r} in {url!r} holds no arrays.")
         layouts = _layouts(src, index, names, where, path)
+        fetched = None
+        if not index.size_known:
+            # A large remote object: its size is what its end records claim.  Fetch the chunks
+            # first (a range past the object's real end comes back short: refused), then bound
+            # the arrays by the bytes that really exist, before allocating them.
+            wanted = [m for n in names for m in index.chunks.get(n, {}).values()
+                      if index.cached(m) is None]
+            fetched = _fetch(src, wanted, where)
+            _check_expansion(layouts, len(index.tail) + sum(m.end - m.offset for m in wanted),
+                             where)
         pin = dev.type == "cuda" and torch.cuda.is_available()
         tensors = {n: empty_tensor(lay.shape, lay.dtype, pin) for n, lay in layouts.items()}
         jobs = []
@@ -354,7 +387,7 @@ def read_zip_arrays(
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         try:
             if not isinstance(src, _Local):
-                _remote_jobs(src, index, jobs, total >= _PARALLEL_BYTES)
+                _remote_jobs(src, index, jobs, total >= _PARALLEL_BYTES, fetched)
             elif total >= _PARALLEL_BYTES:
                 _map(lambda job: _local_job(src.fd, index.crcs, job), jobs, True)
             else:
@@ -520,10 +553,21 @@ def _read_raw_into(fd: int, m: zc.Member, crc: int, lay: ArrayLayout, dest: np.n
         raise ChunkError("zip CRC-32 mismatch: the chunk is corrupt or was modified")
 
 
-def _remote_jobs(src: _Remote, index: BatchIndex, jobs: list[Any], parallel: bool) -> None:
-    wanted = [job[5] for job in jobs if job[5] is not None and index.cached(job[5]) is None]
-    fetched = dict(zip((m.name for m in wanted),
-                       src.read_many([(m.offset, m.end) for m in wanted])))
+def _fetch(src: _Remote, members: Sequence[zc.Member], where: str) -> dict[str, bytes]:
+    """Header and data of ``members`` by name, in one burst of range requests."""
+    try:
+        return dict(zip((m.name for m in members),
+                        src.read_many([(m.offset, m.end) for m in members])))
+    except zc.ZipFormatError as e:
+        raise _refuse(where, f"its zip container is not accepted: {e}") from None
+
+
+def _remote_jobs(src: _Remote, index: BatchIndex, jobs: list[Any], parallel: bool,
+                 fetched: dict[str, bytes] | None = None) -> None:
+    if fetched is None:
+        wanted = [job[5] for job in jobs if job[5] is not None and index.cached(job[5]) is None]
+        fetched = dict(zip((m.name for m in wanted),
+                           src.read_many([(m.offset, m.end) for m in wanted])))
 
     def one(job: Any) -> None:
         name, key, lay, arr, region, m = job

@@ -240,11 +240,14 @@ def test_a_small_container_cannot_make_the_reader_allocate_without_bound(tmp_pat
     assert daskrl.open_store(url).load(0, keys=["terminated"])["terminated"].shape == (6, 2)
 
 
-def test_a_missing_container_is_a_batch_not_found(tmp_path):
+def test_a_committed_batch_whose_container_is_missing_is_a_damaged_store(tmp_path):
     url, zpath, path = _write(tmp_path)
     zpath.unlink()
-    with pytest.raises(daskrl.BatchNotFoundError, match=re.escape(f"batch data {path!r} is missing")):
+    with pytest.raises(daskrl.BatchDataMissingError,
+                       match=re.escape(f"batch 0 ({path!r}) of ") + ".*"
+                       + re.escape("is committed but its data is missing")) as e:
         daskrl.open_store(url).load(0)
+    assert not isinstance(e.value, daskrl.BatchNotFoundError)  # not "deleted meanwhile"
 
 
 def test_a_grid_of_mostly_absent_chunks_is_refused(tmp_path):
