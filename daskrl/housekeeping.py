@@ -29,7 +29,7 @@ from typing import Any
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
-from .errors import ConfigError, StoreError
+from .errors import ConfigError, StoreError, StoreFormatError
 
 __all__ = ["ATTEMPT_NAME", "DEFAULT_GRACE_SECONDS", "GarbageReport", "StoreHousekeeping"]
 
@@ -94,7 +94,7 @@ class StoreHousekeeping:
 
     # provided by TrajectoryStore
     def refresh(self) -> None: ...
-    def _get_json(self, key: str) -> dict[str, Any] | None: ...
+    def _get_json(self, key: str, what: str = "") -> dict[str, Any] | None: ...
     def _list_groups(self, prefix: str) -> list[str]: ...
 
     def _check_writable(self, what: str) -> None:
@@ -214,7 +214,11 @@ class StoreHousekeeping:
             if isinstance(bid, bool) or not isinstance(bid, int):
                 raise ConfigError(f"batch ids must be integers, got {bid!r}.")
             key = f"commits/{bid:012d}"
-            rec = self._get_json(f"{key}/zarr.json")
+            try:
+                rec = self._get_json(f"{key}/zarr.json")
+            except StoreFormatError as e:  # a damaged record is deleted like any other; its
+                logger.warning("deleting the damaged commit record of batch %d: %s", bid, e)
+                rec = {}  # container, named by no record now, is garbage (collect_garbage)
             self._commits.pop(bid, None)
             if rec is None:
                 continue
@@ -243,7 +247,10 @@ class StoreHousekeeping:
     # -- garbage --------------------------------------------------------------------------------
     def _names(self, path: str) -> bool:
         """Whether the commit record of ``path``'s batch names ``path`` now."""
-        rec = self._get_json(f"commits/{path.split('/')[1][:12]}/zarr.json")
+        try:
+            rec = self._get_json(f"commits/{path.split('/')[1][:12]}/zarr.json")
+        except StoreFormatError:  # a damaged record may name it: never collect its container
+            return True
         return rec is not None and (rec.get("attributes") or {}).get("path") == path
 
     def _moved_aside(self) -> list[str]:

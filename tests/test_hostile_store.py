@@ -593,3 +593,24 @@ def test_a_repaired_commit_record_is_listed_again(tmp_path):
     rec.write_bytes(good)
     assert store.batch_ids() == [0, 1] and store.skipped_records() == {}
     assert store.load(1)["reward"].shape == (6, 2)
+
+
+@pytest.mark.parametrize("kind", ["garbage", "a list", "batch_id of another"])
+def test_a_damaged_commit_record_can_be_deleted_and_gc_survives_it(tmp_path, kind):
+    """Housekeeping reads records too: a damaged one is deleted on request, and garbage
+    collection neither fails on it nor collects the container it might name."""
+    url, root, paths = _store(tmp_path, n=3)
+    _damage_record(root, 1, kind)
+    w = TrajectoryStore(url, read_only=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StoreRecordWarning)
+        report = w.collect_garbage(older_than=0)
+        assert (root / paths[1]).is_file()  # a damaged record may name it: kept
+        assert report.attempts == ()
+        assert w.delete_batches([1]) == [1]
+        assert not (root / "commits" / f"{1:012d}").exists()
+        w.refresh()
+        assert w.batch_ids() == [0, 2] and not w.skipped_records()
+        w.collect_garbage(older_than=0)  # now named by no record: its container is garbage
+        assert not (root / paths[1]).exists()
+        assert w.load(2)["reward"].shape == (6, 2)
