@@ -22,6 +22,7 @@ import itertools
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -34,17 +35,28 @@ _MOUNT_SCRIPT = r"""
 set -e
 hostname "$DRL_HOSTNAME"
 mount -t tmpfs -o mode=1777,size=2g drl-shm /dev/shm
-mkdir /dev/shm/.drl-shared
-mount --bind "$DRL_SHARED" /dev/shm/.drl-shared
+# The directories every host must see where they are (the shared one; the checkout and the venv
+# when they lie under /tmp) are held aside while the host's own /tmp hides the old one.
+IFS=:
+i=0
+for path in $DRL_KEEP; do
+    mkdir "/dev/shm/.drl-keep-$i"
+    mount --bind "$path" "/dev/shm/.drl-keep-$i"
+    i=$((i + 1))
+done
 mount -t tmpfs -o mode=1777 drl-tmp /tmp
-mkdir -p "$DRL_SHARED"
-mount --move /dev/shm/.drl-shared "$DRL_SHARED"
-rmdir /dev/shm/.drl-shared
+i=0
+for path in $DRL_KEEP; do
+    mkdir -p "$path"
+    mount --move "/dev/shm/.drl-keep-$i" "$path"
+    rmdir "/dev/shm/.drl-keep-$i"
+    i=$((i + 1))
+done
+unset IFS
 cd /
 echo ready
 exec sleep infinity
 """
-
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
@@ -70,6 +82,17 @@ class Hosts:
         self.procs: list[tuple[int, subprocess.Popen]] = []  # (host, process) started here
 
     # -- set-up --------------------------------------------------------------------------------
+    def kept_paths(self) -> list[str]:
+        """What every host sees at its own path: the shared directory, and the checkout and the
+        venv where they lie under ``/tmp`` (which each host replaces with a tmpfs of its own;
+        CI may clone the project there)."""
+        code = [Path(__file__).resolve().parents[2], Path(sys.prefix).resolve()]
+        keep = [self.shared]
+        for path in sorted(code, key=lambda p: len(p.parts)):
+            if path.is_relative_to("/tmp") and not any(path.is_relative_to(k) for k in keep):
+                keep.append(path)
+        return [str(k) for k in keep]
+
     def address(self, i: int) -> str:
         """Host ``i``'s IPv4 address."""
         return f"{SUBNET}.{10 + i}"
@@ -99,7 +122,7 @@ class Hosts:
     def _start_holder(self, i: int, ns: str) -> subprocess.Popen:
         self.shared.mkdir(parents=True, exist_ok=True)
         env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-               "DRL_HOSTNAME": self.hostname(i), "DRL_SHARED": str(self.shared)}
+               "DRL_HOSTNAME": self.hostname(i), "DRL_KEEP": ":".join(self.kept_paths())}
         holder = subprocess.Popen(
             ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--propagation",
              "private", "sh", "-c", _MOUNT_SCRIPT],
