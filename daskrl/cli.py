@@ -294,6 +294,8 @@ def _info(args: argparse.Namespace) -> int:
 def error_line(e: BaseException) -> str:
     """One line for an error: its message's first line, plus the worker and weights version a
     worker's error names; ``--debug`` shows the rest (the env's or policy's traceback...)."""
+    if isinstance(e, DaskrlError) and e.whole_message:
+        return str(e)
     lines = [line for line in str(e).splitlines() if line.strip()] or [""]
     text = lines[0]
     where = [line for line in lines[1:] if line.startswith("[worker ")]

@@ -7,6 +7,8 @@ daskrl.  Messages say what was wrong, what was expected and what to do.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "BatchDataMissingError",
     "BatchNotFoundError",
@@ -29,6 +31,10 @@ __all__ = [
 
 class DaskrlError(Exception):
     """Base class of every error daskrl raises."""
+
+    whole_message: ClassVar[bool] = False
+    """Whether the command line prints the whole message, not only its first line (``daskrl``
+    prints one line unless ``--debug``): true where the details are what says what to fix."""
 
 
 class ConfigError(DaskrlError, ValueError):
@@ -100,6 +106,8 @@ class CollectorClosedError(DaskrlError, RuntimeError):
 class SlurmJobError(DaskrlError, RuntimeError):
     """SLURM refused a worker job, or its jobs ended before their Dask workers joined; the
     message has the job's state, exit code and the last lines of its log."""
+
+    whole_message = True  # the job's log lines say what to fix
 
 
 class VersionMismatchError(DaskrlError, RuntimeError):
