@@ -75,7 +75,7 @@ def test_collection_across_hosts_has_exact_frames(shared):
         result = learner.result(timeout=180)
         assert result["error"] is None, learner.log()
         handles = result["handles"]
-        assert {h["worker"].split("//")[1].split(":")[0] for h in handles} == {
+        assert {_host_of(h) for h in handles} == {
             cluster.hosts.address(1), cluster.hosts.address(2)}
         assert result["transport"] == "dask"  # /dev/shm is per host
         check_store(store, FRAMES_PER_BATCH * 8, handles)
