@@ -9,7 +9,7 @@ For each env (CartPole-v1, Pendulum-v1 by default) and each worker count N (1 an
   step into preallocated numpy arrays. One torch/OMP thread each, like a Dask nanny worker.
   Envs and policy are built before a barrier; frames/s = all frames / slowest process's time.
 * daskrl: ``daskrl.Collector`` on the embedded cluster's set-up
-  (``daskrl.cluster.local_cluster(N)``: N one-thread workers, TLS) started beforehand, in sync
+  (``daskrl.deploy.local_cluster(N)``: N one-thread workers, TLS) started beforehand, in sync
   and async mode, and in sync mode again on the same cluster without TLS (its cost); one warm-up run (2 batches per worker), then the timed run: from just
   before iterating to the last handle (batches are written to a temporary zarr store, never
   loaded). The cluster is reused for both envs at a given N.
@@ -35,7 +35,7 @@ import torch
 from distributed import Client
 
 from daskrl import Collector
-from daskrl.cluster import local_cluster
+from daskrl.deploy import local_cluster
 from daskrl.policies import MLPPolicy
 
 ENVS_PER_WORKER = 8

@@ -32,7 +32,7 @@ from distributed import Client
 from torch import nn
 
 from daskrl import Collector
-from daskrl.cluster import local_cluster
+from daskrl.deploy import local_cluster
 from daskrl.weights import snapshot
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from distributed import Client
 
 import daskrl
-from daskrl.cluster import local_cluster
+from daskrl.deploy import local_cluster
 from daskrl.testing import SlowEnv, TagPolicy, check_episode_continuity
 
 

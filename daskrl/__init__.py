@@ -6,10 +6,9 @@ devices, trajectories land as zarr chunks in any fsspec store, and only small ha
 
 from __future__ import annotations
 
-from .collector import Collector
-from .config import CollectorConfig, Compression
-from .dataset import ReplayDataset, TransitionDataset
-from .errors import (
+from daskrl.collect._collector import Collector
+from daskrl.config import CollectorConfig, Compression
+from daskrl.errors import (
     BatchDataMissingError,
     BatchNotFoundError,
     BatchTimeoutError,
@@ -28,11 +27,12 @@ from .errors import (
     WeightsIntegrityError,
     WeightsNotSharedError,
 )
-from .handles import BatchHandle
-from .housekeeping import GarbageReport
-from .readers import Episode
-from .store import TrajectoryStore, open_store
-from .weights import WeightsSnapshot, snapshot
+from daskrl.store._dataset import ReplayDataset, TransitionDataset
+from daskrl.store._handles import BatchHandle
+from daskrl.store._housekeeping import GarbageReport
+from daskrl.store._reading import Episode
+from daskrl.store._store import TrajectoryStore, open_store
+from daskrl.weights._snapshot import WeightsSnapshot, snapshot
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError
+from daskrl.errors import ConfigError
 
 __all__ = ["CollectorConfig", "Compression", "check_seconds"]
 

@@ -10,7 +10,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from .errors import ConfigError
+from daskrl.errors import ConfigError
 
 __all__ = ["MLPPolicy"]
 

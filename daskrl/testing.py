@@ -278,7 +278,7 @@ def check_episode_continuity(store: Any, max_problems: int = 20) -> ContinuityRe
     ``observation`` equal to the last ``next_observation``. An episode that stops at a batch's
     last step without a flag is cut (or still running), which the format allows.
     """
-    from .rollout import EPISODE_ID_STRIDE as S
+    from daskrl.worker._rollout import EPISODE_ID_STRIDE as S
 
     records = store.records()
     ids = sorted(records)

@@ -23,7 +23,7 @@ DASK = [str(Path(sys.executable).with_name("dask"))]
 if not Path(DASK[0]).exists():  # no console script next to this python: use the module
     DASK = [sys.executable, "-m", "dask"]
 
-# As in daskrl.cluster.WORKER_CONFIG, and quiet logs.
+# As in daskrl.deploy.WORKER_CONFIG, and quiet logs.
 WORKER_ENV = {
     "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
     "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "500ms",

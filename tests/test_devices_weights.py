@@ -20,9 +20,9 @@ from torch import nn
 
 import daskrl
 from daskrl import ConfigError, PolicyError
-from daskrl.devices import resolve_device
 from daskrl.testing import TagPolicy, worker_weights
 from daskrl.weights import snapshot
+from daskrl.worker._devices import resolve_device
 
 COUNTING = "daskrl.testing:Counting-v0"
 

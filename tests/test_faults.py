@@ -15,7 +15,7 @@ from distributed import Client, SchedulerPlugin
 
 import daskrl
 from daskrl import BatchTimeoutError, DaskrlError, EnvError
-from daskrl.cluster import local_cluster
+from daskrl.deploy import local_cluster
 from daskrl.testing import FaultyEnv, SlowEnv, TagPolicy, check_episode_continuity
 
 pytestmark = pytest.mark.faults
@@ -299,10 +299,10 @@ def test_embedded_cluster_speaks_tls_and_refuses_plain_clients(tmp_path):
 
 
 def test_an_env_that_never_ends_an_episode_is_named(inproc_client, tmp_path, monkeypatch):
-    import daskrl.rollout
+    import daskrl.worker._rollout as rollout_module
 
     # In-process workers share this module: a small limit stands in for the real 1,000,000.
-    monkeypatch.setattr(daskrl.rollout, "MAX_EPISODE_STEPS", 50)
+    monkeypatch.setattr(rollout_module, "MAX_EPISODE_STEPS", 50)
     env = functools.partial(daskrl.testing.CountingEnv, 10**9)
     with (
         daskrl.Collector(env, TagPolicy(), str(tmp_path / "s"), client=inproc_client,

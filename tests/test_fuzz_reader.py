@@ -53,8 +53,8 @@ def _originals(base: Path) -> tuple[Path, dict[int, dict[str, np.ndarray]]]:
     chunk, written by daskrl; and the arrays of each batch."""
     from sample_batches import sample_meta
 
-    from daskrl import zarr_encode
     from daskrl.store import TrajectoryStore
+    from daskrl.store._format import encode as zarr_encode
 
     zarr_encode.CHUNK_BYTES = 1024  # several chunks per array, the last one padded
     root = base / "orig"
@@ -125,7 +125,7 @@ def _check_read(url: str, batches: dict[int, dict[str, np.ndarray]], exact: bool
     import warnings
 
     import daskrl
-    from daskrl.summary import summarize
+    from daskrl.store._inspect import summarize
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", daskrl.StoreRecordWarning)
@@ -179,8 +179,8 @@ def run(target: str, examples: int) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from daskrl import zip_decode
-    from daskrl.checksums import crc32c
+    from daskrl._checksums import crc32c
+    from daskrl.store._format import zip_decode
 
     # the reader's bounds as in production, but a smaller free allowance so that examples that
     # declare huge arrays of absent chunks stay quick

@@ -8,7 +8,7 @@ import torch
 import daskrl
 from daskrl.testing import TagPolicy, worker_weights
 from daskrl.weights import load_weights, policy_spec, snapshot, weights_layout
-from daskrl.weights_shm import SegmentPool, SharedWeightsReader
+from daskrl.weights._shm import SegmentPool, SharedWeightsReader
 
 pytestmark = pytest.mark.gpu
 

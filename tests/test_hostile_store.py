@@ -24,10 +24,10 @@ from sample_batches import sample_meta as _meta
 
 import daskrl
 from daskrl import BatchDataMissingError, StoreError, StoreFormatError, StoreRecordWarning
-from daskrl.checksums import crc32c
+from daskrl._checksums import crc32c
 from daskrl.cli import main as cli_main
 from daskrl.store import TrajectoryStore
-from daskrl.summary import summarize
+from daskrl.store._inspect import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import pytest
 from distributed import Client
 
 import daskrl
-from daskrl.cluster import local_cluster
+from daskrl.deploy import local_cluster
 from daskrl.testing import ConstantPolicy
 
 pytestmark = pytest.mark.timeout(300)

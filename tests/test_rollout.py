@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from daskrl import EnvError, PolicyError
-from daskrl.envs import EnvSpec
 from daskrl.policies import MLPPolicy
-from daskrl.rollout import EPISODE_ID_STRIDE, EnvSet
 from daskrl.testing import ConstantPolicy, CountingEnv, TagPolicy
+from daskrl.worker._envs import EnvSpec
+from daskrl.worker._rollout import EPISODE_ID_STRIDE, EnvSet
 
 CPU = torch.device("cpu")
 

@@ -223,8 +223,8 @@ def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compress
     from zarr.core.buffer import default_buffer_prototype
     from zarr.storage import MemoryStore
 
-    from daskrl import zarr_encode
     from daskrl.config import Compression
+    from daskrl.store._format import encode as zarr_encode
 
     monkeypatch.setattr(zarr_encode, "CHUNK_BYTES", 4096)  # several chunks, a padded edge one
     rng = np.random.default_rng(0)

@@ -17,8 +17,8 @@ import zarr.codecs
 import daskrl
 from daskrl import StoreFormatError
 from daskrl.store import TrajectoryStore
+from daskrl.store._format.zarr_decode import ALLOWED_DATA_TYPES, check_array_metadata
 from daskrl.testing import TagPolicy
-from daskrl.zarr_decode import ALLOWED_DATA_TYPES, check_array_metadata
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sample_batches import sample_arrays as _arrays
@@ -106,7 +106,7 @@ def test_allowlist_accepts_exactly_numeric_and_bool_types():
                                   "uint32", "uint64", "float16", "float32", "float64",
                                   "complex64", "complex128"} == ALLOWED_DATA_TYPES
     base = json.loads(next(iter(
-        dict(daskrl.zarr_encode.encode_array("a", np.zeros((2, 1), np.float32), "zstd")).values())))
+        dict(daskrl.store._format.encode.encode_array("a", np.zeros((2, 1), np.float32), "zstd")).values())))
     assert check_array_metadata(base, "x").compressor == "zstd"
     for bad in ("string", "bytes", "r16", "datetime64", "numpy.datetime64", "|O", "<U4"):
         with pytest.raises(StoreFormatError, match=re.escape(f"x: data_type {bad!r} is not allowed")):
@@ -196,7 +196,7 @@ def test_a_real_store_holds_only_json_and_allowlisted_numeric_chunks(tmp_path, i
 @pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
 def test_multi_chunk_arrays_with_a_padded_edge_round_trip(tmp_path, monkeypatch, compression):
     """Chunks read straight into the tensor, the edge chunk's padding checksummed, not kept."""
-    from daskrl import zarr_encode
+    from daskrl.store._format import encode as zarr_encode
 
     monkeypatch.setattr(zarr_encode, "CHUNK_BYTES", 4096)
     url = str(tmp_path / "s")
@@ -228,7 +228,7 @@ def test_compressed_chunks_must_decode_to_exactly_the_chunk_size():
 
     import numcodecs
 
-    from daskrl.zarr_decode import ArrayLayout, ChunkError, decode_chunk
+    from daskrl.store._format.zarr_decode import ArrayLayout, ChunkError, decode_chunk
 
     def layout(comp):
         return ArrayLayout((4,), np.dtype(np.float32), (4,), "/", 0.0, False, comp, False)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from daskrl.versions import CHECKED_PACKAGES, check_versions, version_differences, version_table
+from daskrl.deploy._versions import (
+    CHECKED_PACKAGES,
+    check_versions,
+    version_differences,
+    version_table,
+)
 
 
 def _versions(**workers: dict[str, str | None]) -> dict:

@@ -21,7 +21,7 @@ import daskrl
 from daskrl import PolicyError, WeightsIntegrityError, WeightsNotSharedError, deploy
 from daskrl.testing import TagPolicy
 from daskrl.weights import policy_spec, snapshot, weights_layout
-from daskrl.weights_shm import Segment, SegmentPool, SharedWeightsReader, shared_memory_dir
+from daskrl.weights._shm import Segment, SegmentPool, SharedWeightsReader, shared_memory_dir
 
 COUNTING = "daskrl.testing:Counting-v0"
 

@@ -37,7 +37,7 @@ def _write(tmp_path, arrays=None, compression="none"):
 def test_members_are_byte_identical_to_zarr_python(tmp_path, monkeypatch, compression):
     """The zip's members are exactly the files zarr-python writes for the same arrays (several
     chunks, a padded edge chunk); zipfile and zarr's ZipStore read the container."""
-    from daskrl import zarr_encode
+    from daskrl.store._format import encode as zarr_encode
 
     monkeypatch.setattr(zarr_encode, "CHUNK_BYTES", 4096)
     rng = np.random.default_rng(2)

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from daskrl import local_io
 from daskrl.config import Compression
-from daskrl.zarr_encode import encode_array_parts, group_document
+from daskrl.store._format import local_io
+from daskrl.store._format.encode import encode_array_parts, group_document
 
 
 def _group(attributes: dict[str, Any]) -> bytes:

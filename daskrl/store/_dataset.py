@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from .errors import BatchNotFoundError, ConfigError, StoreError, StoreRecordWarning
+from daskrl.errors import BatchNotFoundError, ConfigError, StoreError, StoreRecordWarning
 
 __all__ = ["ReplayDataset", "TransitionDataset"]
 
@@ -44,13 +44,13 @@ class _StoreSource:
 
     def __init__(self, store: Any, storage_options: Mapping[str, Any] | None,
                  keys: Sequence[str] | None, sequence_length: int | None) -> None:
-        from .store import TrajectoryStore, options_for
+        from daskrl.store._store import TrajectoryStore, options_for
 
         if isinstance(store, TrajectoryStore):
             self.url = store.url
             self.options = dict(storage_options or store.storage_options)
         else:
-            from .store import normalize_url
+            from daskrl.store._store import normalize_url
 
             self.url = normalize_url(store)
             self.options = dict(storage_options or options_for(self.url))
@@ -62,7 +62,7 @@ class _StoreSource:
 
     def store(self) -> Any:
         if self._store is None or self._pid != os.getpid():
-            from .store import open_store
+            from daskrl.store._store import open_store
 
             self._store = open_store(self.url, self.options)
             self._pid = os.getpid()

@@ -29,7 +29,7 @@ from typing import Any
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
-from .errors import ConfigError, StoreError, StoreFormatError
+from daskrl.errors import ConfigError, StoreError, StoreFormatError
 
 __all__ = ["ATTEMPT_NAME", "DEFAULT_GRACE_SECONDS", "GarbageReport", "StoreHousekeeping"]
 

@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any
 
-from .errors import StoreFormatError
+from daskrl.errors import StoreFormatError
 
 __all__ = ["ATTEMPT_PATH", "check_attempt_path", "check_commit_record", "check_run_record",
            "parse_document"]

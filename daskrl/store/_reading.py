@@ -2,7 +2,7 @@
 
 Mixed into :class:`~daskrl.TrajectoryStore` (``daskrl.open_store(url)`` returns one).  Batches
 are listed by their commit records only; their data is read through the allowlist of
-:mod:`daskrl.zarr_decode`.
+:mod:`daskrl.store._format.zarr_decode`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .errors import (
+from daskrl.errors import (
     BatchNotFoundError,
     ConfigError,
     StoreError,
     StoreFormatError,
     StoreRecordWarning,
 )
-from .handles import BatchHandle
-from .records import check_run_record
+from daskrl.store._handles import BatchHandle
+from daskrl.store._records import check_run_record
 
 if TYPE_CHECKING:
     import dask.array
@@ -259,17 +259,21 @@ class StoreReaders:
 
     def array_names(self, path: str) -> list[str]:
         """Names of the arrays of the batch at ``path`` (a container or a 1.x group)."""
-        from .zarr_decode import list_arrays
-        from .zip_decode import read_index
+        from daskrl.store._format.zarr_decode import list_arrays
+        from daskrl.store._format.zip_decode import read_index
 
         if path.endswith(".zip"):
             return sorted(read_index(self._zstore, path, f"batch {path!r}", self.url, keys=[])[0].docs)
         return list_arrays(self._zstore, path)
 
     def _array_layouts(self, bid: int, path: str, names: Sequence[str]) -> dict[str, Any]:
-        """Validated :class:`~daskrl.zarr_decode.ArrayLayout` of arrays ``names`` of a batch."""
-        from .zarr_decode import check_array_metadata, list_arrays, read_metadata
-        from .zip_decode import read_index
+        """Validated :class:`~daskrl.store._format.zarr_decode.ArrayLayout` of arrays ``names`` of a batch."""
+        from daskrl.store._format.zarr_decode import (
+            check_array_metadata,
+            list_arrays,
+            read_metadata,
+        )
+        from daskrl.store._format.zip_decode import read_index
 
         where = f"batch {bid} ({path!r})"
         if path.endswith(".zip"):
@@ -365,6 +369,6 @@ def _load_array(store: Any, path: str, name: str) -> np.ndarray:
 
 
 def _ids_per_run() -> int:
-    from .store import BATCH_IDS_PER_RUN
+    from daskrl.store._store import BATCH_IDS_PER_RUN
 
     return BATCH_IDS_PER_RUN

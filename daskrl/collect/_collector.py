@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from distributed import Client, Future, LocalCluster, as_completed, wait
 
-from .cluster import local_cluster
-from .config import CollectorConfig, Compression, check_mapping, check_seconds
-from .devices import DeviceSetting, check_device_setting
-from .envs import EnvLike, EnvSpec, check_env_vars
-from .errors import (
+from daskrl.collect._stats import CollectionStats
+from daskrl.config import CollectorConfig, Compression, check_mapping, check_seconds
+from daskrl.deploy._cluster import local_cluster
+from daskrl.deploy._versions import acheck_versions, check_versions
+from daskrl.errors import (
     ClusterTimeoutError,
     CollectorClosedError,
     ConfigError,
@@ -31,12 +31,15 @@ from .errors import (
     StoreError,
     WeightsNotSharedError,
 )
-from .handles import BatchHandle
-from .metrics import CollectionStats
-from .rollout import check_action, check_extras, split_policy_output
-from .store import BATCH_IDS_PER_RUN, TrajectoryStore, check_store_options, normalize_url
-from .versions import acheck_versions, check_versions
-from .weights import (
+from daskrl.store._handles import BatchHandle
+from daskrl.store._store import (
+    BATCH_IDS_PER_RUN,
+    TrajectoryStore,
+    check_store_options,
+    normalize_url,
+)
+from daskrl.weights._shm import SegmentPool, SharedWeights
+from daskrl.weights._snapshot import (
     PolicyLike,
     WeightsSnapshot,
     policy_spec,
@@ -44,8 +47,9 @@ from .weights import (
     snapshot,
     weights_layout,
 )
-from .weights_shm import SegmentPool, SharedWeights
-from .worker import (
+from daskrl.worker._devices import DeviceSetting, check_device_setting
+from daskrl.worker._envs import EnvLike, EnvSpec, check_env_vars
+from daskrl.worker._plugin import (
     IN_PROCESS_WEIGHTS,
     BatchTask,
     CollectorPlugin,
@@ -56,6 +60,7 @@ from .worker import (
     probe_store,
     weights_name,
 )
+from daskrl.worker._rollout import check_action, check_extras, split_policy_output
 
 __all__ = ["Collector"]
 

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checksums import crc32c
-from .errors import PolicyError, WeightsIntegrityError
+from daskrl._checksums import crc32c
+from daskrl.errors import PolicyError, WeightsIntegrityError
 
 __all__ = ["PolicySpec", "WeightsSnapshot", "load_weights", "policy_spec", "snapshot"]
 

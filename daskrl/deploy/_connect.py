@@ -25,10 +25,15 @@ from typing import Any
 
 from distributed import Client, Security
 
-from ._slurm import close_cluster, remove_worker_keys, start_slurm, wait_for_slurm_workers
-from .cluster import local_cluster
-from .devices import DEVICE_ENV_VAR, resolve_device
-from .errors import ConfigError, DaskrlError
+from daskrl.deploy._cluster import local_cluster
+from daskrl.deploy._slurm import (
+    close_cluster,
+    remove_worker_keys,
+    start_slurm,
+    wait_for_slurm_workers,
+)
+from daskrl.errors import ConfigError, DaskrlError
+from daskrl.worker._devices import DEVICE_ENV_VAR, resolve_device
 
 __all__ = ["Deployment", "connect", "remove_worker_keys", "tls_security", "wait_for_slurm_workers",
            "worker_report"]
@@ -98,7 +103,7 @@ def connect(
     Parameters
     ----------
     cluster
-        ``"local"``: start the embedded ``LocalCluster`` (:func:`daskrl.cluster.local_cluster`).
+        ``"local"``: start the embedded ``LocalCluster`` (:func:`daskrl.deploy.local_cluster`).
         ``"slurm"``: start a dask-jobqueue ``SLURMCluster`` (needs ``daskrl[slurm]``).
         Otherwise the address of a running scheduler, e.g. ``"tcp://head:8786"``,
         ``"tls://head:8786"``.  Ignored when ``scheduler_file`` is given.

@@ -14,9 +14,9 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from ._slurm import option_name
-from .cli_store import add_store_commands, json_object, run_store_command
-from .errors import DaskrlError
+from daskrl.cli._store import add_store_commands, json_object, run_store_command
+from daskrl.deploy._slurm import option_name
+from daskrl.errors import DaskrlError
 
 __all__ = ["main"]
 
@@ -45,7 +45,7 @@ def _make_policy(spec: str | None, obs_space: Any, act_space: Any) -> Any:
     """The ``--policy`` factory's module for the env's spaces (default: an untrained MLP)."""
     import torch
 
-    from .policies import MLPPolicy
+    from daskrl.policies import MLPPolicy
 
     if spec is None:
         return MLPPolicy(obs_space, act_space)
@@ -170,8 +170,8 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
 def _collect(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .collector import Collector
-    from .envs import EnvSpec
+    from daskrl.collect._collector import Collector
+    from daskrl.worker._envs import EnvSpec
 
     obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
     policy = _make_policy(args.policy, obs_space, act_space)
@@ -217,7 +217,7 @@ def _collect(args: argparse.Namespace) -> int:
 def _deployment(args: argparse.Namespace, workers: int | None = None) -> Any:
     """The ``daskrl.deploy.Deployment`` the cluster arguments name; ``None`` for the embedded
     default of ``collect`` (the collector starts and closes it)."""
-    from .deploy import connect, tls_security
+    from daskrl.deploy._connect import connect, tls_security
 
     security = None
     if args.tls_ca_file or args.tls_cert or args.tls_key:
@@ -253,8 +253,8 @@ def _deployment(args: argparse.Namespace, workers: int | None = None) -> Any:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .deploy import worker_report
-    from .versions import CHECKED_PACKAGES, format_table, version_differences
+    from daskrl.deploy._connect import worker_report
+    from daskrl.deploy._versions import CHECKED_PACKAGES, format_table, version_differences
 
     deployment = _deployment(args)
     try:

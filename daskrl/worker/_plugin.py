@@ -2,7 +2,7 @@
 
 :class:`CollectorPlugin` is registered once per collector; Dask installs it on every worker,
 replacement workers included.  Its ``setup`` sets ``env_vars`` and picks the device; its state
-(the loaded policy and its weights version, one :class:`~daskrl.rollout.EnvSet` per stream)
+(the loaded policy and its weights version, one :class:`~daskrl.worker._rollout.EnvSet` per stream)
 lives until ``teardown``, when the collector closes.
 """
 
@@ -19,10 +19,8 @@ from typing import Any
 import torch
 from distributed import Future, WorkerPlugin, get_client, get_worker
 
-from .config import CollectorConfig
-from .devices import DeviceSetting, resolve_device
-from .envs import EnvSpec, apply_env_vars
-from .errors import (
+from daskrl.config import CollectorConfig
+from daskrl.errors import (
     BatchTimeoutError,
     DaskrlError,
     EnvError,
@@ -30,11 +28,13 @@ from .errors import (
     StoreError,
     WeightsNotSharedError,
 )
-from .handles import BatchHandle
-from .rollout import EnvSet
-from .store import TrajectoryStore
-from .weights import PolicySpec, WeightsSnapshot, load_weights
-from .weights_shm import HostCopies, SharedWeights, SharedWeightsReader
+from daskrl.store._handles import BatchHandle
+from daskrl.store._store import TrajectoryStore
+from daskrl.weights._shm import HostCopies, SharedWeights, SharedWeightsReader
+from daskrl.weights._snapshot import PolicySpec, WeightsSnapshot, load_weights
+from daskrl.worker._devices import DeviceSetting, resolve_device
+from daskrl.worker._envs import EnvSpec, apply_env_vars
+from daskrl.worker._rollout import EnvSet
 
 __all__ = ["BatchTask", "CollectorPlugin", "collect_batch"]
 

@@ -12,7 +12,7 @@ import math
 import time
 from typing import Any
 
-from .handles import BatchHandle
+from daskrl.store._handles import BatchHandle
 
 __all__ = ["RECENT_EPISODES", "CollectionStats"]
 

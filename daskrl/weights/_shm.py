@@ -41,9 +41,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .checksums import crc32c
-from .errors import PolicyError, WeightsIntegrityError, WeightsNotSharedError
-from .weights import (
+from daskrl._checksums import crc32c
+from daskrl.errors import PolicyError, WeightsIntegrityError, WeightsNotSharedError
+from daskrl.weights._snapshot import (
     WeightsSnapshot,
     as_numpy,
     copy_with_crc,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .errors import ConfigError
+from daskrl.errors import ConfigError
 
 __all__ = ["DEVICE_ENV_VAR", "DeviceSetting", "check_device_setting", "resolve_device"]
 

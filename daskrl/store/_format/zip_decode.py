@@ -5,11 +5,11 @@ documents that daskrl writes just before it, in one small read (local files) or 
 request (fsspec stores: a batch smaller than :data:`REMOTE_TAIL_BYTES` arrives whole).  Then,
 before any chunk is read:
 
-* the container is validated (:mod:`daskrl.zip_container`: stored members only, no encryption,
+* the container is validated (:mod:`daskrl.store._format.zip_container`: stored members only, no encryption,
   safe unique names, member extents inside the file and not overlapping);
 * every member name must be ``zarr.json``, ``<array>/zarr.json`` or a chunk key
   ``<array>/c...`` of an array that has a ``zarr.json`` (array names are identifiers);
-* each requested array's ``zarr.json`` passes the allowlist of :mod:`daskrl.zarr_decode`, and
+* each requested array's ``zarr.json`` passes the allowlist of :mod:`daskrl.store._format.zarr_decode`, and
   its chunk members are exactly chunk keys of its grid (a missing chunk reads as fill);
 * the arrays' decoded size is bounded by the file's size (:data:`MAX_EXPANSION`) and their
   number of chunks by the container's (:data:`MAX_MISSING_CHUNKS`), so that a small untrusted
@@ -36,11 +36,11 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
-from . import local_io
-from . import zip_container as zc
-from .checksums import crc32c
-from .errors import BatchNotFoundError, StoreFormatError
-from .zarr_decode import (
+from daskrl._checksums import crc32c
+from daskrl.errors import BatchNotFoundError, StoreFormatError
+from daskrl.store._format import local_io
+from daskrl.store._format import zip_container as zc
+from daskrl.store._format.zarr_decode import (
     _CRC_BLOCK,
     _PARALLEL_BYTES,
     ArrayLayout,
@@ -327,7 +327,7 @@ def _check_expansion(layouts: dict[str, ArrayLayout], size: int, where: str) -> 
     if decoded > max(_FREE_BYTES, MAX_EXPANSION * size):
         raise _refuse(where, f"its arrays would decode to {decoded} bytes from a container of "
                              f"{size} bytes (more than {MAX_EXPANSION}x; if this store "
-                             "is trusted, raise daskrl.zip_decode.MAX_EXPANSION)")
+                             "is trusted, raise daskrl.store._format.zip_decode.MAX_EXPANSION)")
 
 
 def read_index(zstore: Any, path: str, where: str, url: str = "",
@@ -356,7 +356,7 @@ def read_zip_arrays(
 
     The container and every requested array's metadata are validated before any chunk is
     read; ``where`` names the batch in messages.  ``checked``: directories of the store already
-    found to be real ones (see :func:`daskrl.local_io.check_dirs`).
+    found to be real ones (see :func:`daskrl.store._format.local_io.check_dirs`).
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
     src = _open(zstore, path, url, checked)

@@ -1,7 +1,7 @@
 """Read a batch's zarr v3 arrays into torch tensors, refusing anything outside an allowlist.
 
-The mirror of :mod:`daskrl.zarr_encode`.  This module reads format 1.x batches (a group
-directory) and holds the allowlist and chunk decoding that :mod:`daskrl.zip_decode` applies to
+The mirror of :mod:`daskrl.store._format.encode`.  This module reads format 1.x batches (a group
+directory) and holds the allowlist and chunk decoding that :mod:`daskrl.store._format.zip_decode` applies to
 the zip containers of format 2.x.  A store may come from anywhere, so its metadata is
 checked before any data is read: zarr format 3, a numeric or bool ``data_type``, a regular chunk
 grid with the default key encoding, and the codec chain ``bytes`` → at most one of ``zstd``,
@@ -38,10 +38,10 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
-from . import local_io
-from .checksums import crc32c
-from .errors import BatchNotFoundError, StoreError, StoreFormatError
-from .zip_container import ZipFormatError
+from daskrl._checksums import crc32c
+from daskrl.errors import BatchNotFoundError, StoreError, StoreFormatError
+from daskrl.store._format import local_io
+from daskrl.store._format.zip_container import ZipFormatError
 
 __all__ = [
     "ALLOWED_CODECS",

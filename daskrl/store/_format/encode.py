@@ -19,8 +19,8 @@ from typing import Any
 import numcodecs
 import numpy as np
 
-from .checksums import crc32c
-from .config import Compression
+from daskrl._checksums import crc32c
+from daskrl.config import Compression
 
 __all__ = ["CHUNK_BYTES", "chunk_rows", "encode_array", "encode_array_parts", "encode_batch",
            "group_document"]

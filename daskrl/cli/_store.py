@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from .errors import DaskrlError
+from daskrl.errors import DaskrlError
 
 __all__ = ["add_store_commands", "run_store_command"]
 
@@ -60,11 +60,11 @@ def run_store_command(args: argparse.Namespace) -> int | None:
     """Run a store subcommand; None if ``args.command`` is not one."""
     if args.command not in ("inspect", "gc", "prune"):
         return None
-    from .store import open_store
+    from daskrl.store._store import open_store
 
     store = open_store(args.store, args.storage_options, writable=args.command != "inspect")
     if args.command == "inspect":
-        from .summary import format_summary, plot_returns, summarize
+        from daskrl.store._inspect import format_summary, plot_returns, summarize
 
         if args.plot:  # fail on a missing matplotlib before the (slower) summary
             try:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BatchNotFoundError, DaskrlError
+from daskrl.errors import BatchNotFoundError, DaskrlError
 
 __all__ = ["format_summary", "plot_returns", "summarize"]
 
@@ -31,9 +31,14 @@ def _returns_by_batch(records: dict[int, dict[str, Any]]) -> tuple[np.ndarray, n
 
 def summarize(store: Any) -> dict[str, Any]:
     """Summary of a :class:`~daskrl.TrajectoryStore` as plain JSON-able values."""
-    from .housekeeping import ATTEMPT_NAME
-    from .zarr_decode import array_nbytes, check_array_metadata, list_arrays, read_metadata
-    from .zip_decode import read_index
+    from daskrl.store._format.zarr_decode import (
+        array_nbytes,
+        check_array_metadata,
+        list_arrays,
+        read_metadata,
+    )
+    from daskrl.store._format.zip_decode import read_index
+    from daskrl.store._housekeeping import ATTEMPT_NAME
 
     records = store.records()
     _, returns = _returns_by_batch(records)

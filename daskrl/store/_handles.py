@@ -60,7 +60,7 @@ class BatchHandle:
         ``storage_options`` default to those the collector or ``open_store`` used for this URL
         in this process.
         """
-        from .store import TrajectoryStore, options_for
+        from daskrl.store._store import TrajectoryStore, options_for
 
         opts = storage_options if storage_options is not None else options_for(self.store)
         return TrajectoryStore(self.store, opts).load_path(self.path, device, keys, self.batch_id)

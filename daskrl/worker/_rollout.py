@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from .envs import EnvSpec, space_dtype
-from .errors import BatchTimeoutError, EnvError, PolicyError
+from daskrl.errors import BatchTimeoutError, EnvError, PolicyError
+from daskrl.worker._envs import EnvSpec, space_dtype
 
 __all__ = ["EPISODE_ID_STRIDE", "EnvSet", "check_action", "check_extras", "split_policy_output"]
 

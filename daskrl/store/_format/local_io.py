@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import StoreFormatError
+from daskrl.errors import StoreFormatError
 
 __all__ = ["MAX_DOCUMENT_BYTES", "UnsafeFileError", "check_dirs", "create_exclusive", "listdir",
            "open_regular", "read_file", "thread_pool", "write_new_file",

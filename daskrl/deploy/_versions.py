@@ -12,7 +12,7 @@ from typing import Any
 
 from distributed import Client
 
-from .errors import VersionMismatchError
+from daskrl.errors import VersionMismatchError
 
 __all__ = [
     "CHECKED_PACKAGES", "acheck_versions", "check_versions", "format_table", "version_differences", "version_table",

@@ -27,7 +27,7 @@ from typing import Any
 
 import dask
 
-from .errors import ConfigError, DaskrlError, SlurmJobError
+from daskrl.errors import ConfigError, DaskrlError, SlurmJobError
 
 logger = logging.getLogger(__name__)
 

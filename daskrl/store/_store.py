@@ -9,7 +9,7 @@ Layout (format 2.0, see ``docs/store-format.md``)::
     <root>/commits/<id:012d>/zarr.json      commit record: which attempt is *the* batch
 
 A worker writes a batch as one file under a fresh attempt name (on local and shared POSIX
-filesystems in place, with plain file I/O: see :mod:`daskrl.local_io`; elsewhere one put), then
+filesystems in place, with plain file I/O: see :mod:`daskrl.store._format.local_io`; elsewhere one put), then
 creates the commit record with an atomic, exclusive create.  Readers list commits only, so a
 batch is seen whole or not at all, and a retried task's second commit of the same id is detected
 and dropped.  Stores of format 1.x (one directory tree per attempt) are still read.
@@ -38,9 +38,8 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
-from . import local_io
-from .config import Compression
-from .errors import (
+from daskrl.config import Compression
+from daskrl.errors import (
     BatchDataMissingError,
     BatchNotFoundError,
     StoreError,
@@ -48,14 +47,15 @@ from .errors import (
     StoreRecordWarning,
     StoreURLError,
 )
-from .handles import BatchHandle
-from .housekeeping import StoreHousekeeping
-from .readers import StoreReaders
-from .records import check_attempt_path, check_commit_record, parse_document
-from .zarr_decode import read_arrays
-from .zarr_encode import encode_batch
-from .zip_container import ZipFormatError, build_archive, crc32, plan_archive
-from .zip_decode import read_zip_arrays
+from daskrl.store._format import local_io
+from daskrl.store._format.encode import encode_batch
+from daskrl.store._format.zarr_decode import read_arrays
+from daskrl.store._format.zip_container import ZipFormatError, build_archive, crc32, plan_archive
+from daskrl.store._format.zip_decode import read_zip_arrays
+from daskrl.store._handles import BatchHandle
+from daskrl.store._housekeeping import StoreHousekeeping
+from daskrl.store._reading import StoreReaders
+from daskrl.store._records import check_attempt_path, check_commit_record, parse_document
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "TrajectoryStore", "normalize_url", "open_store"]
 
@@ -182,7 +182,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
     # -- low level ---------------------------------------------------------------------------
     def _get_json(self, key: str, what: str = "") -> dict[str, Any] | None:
         """The JSON object at ``key`` (None if missing): a regular file inside the store of at
-        most :data:`~daskrl.local_io.MAX_DOCUMENT_BYTES` (:class:`StoreFormatError`
+        most :data:`~daskrl.store._format.local_io.MAX_DOCUMENT_BYTES` (:class:`StoreFormatError`
         otherwise, naming the document, ``what`` it is, and the store). An I/O error (or a
         backend refusing its options) is a :class:`StoreError` naming the store."""
         where = f"{what}{key!r} of store {self.url!r}"
@@ -470,7 +470,7 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
     def _write_container(self, batch_id: int, path: str, entries: list[Any]) -> None:
         try:
             if isinstance(self._zstore, LocalStore):
-                # In place (the attempt is invisible until committed); see daskrl.local_io.
+                # In place (the attempt is invisible until committed); see daskrl.store._format.local_io.
                 self._write_local(os.path.join(self._zstore.root, path), entries)
             else:
                 data = b"".join(build_archive(entries).parts)
@@ -651,8 +651,8 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         """Load the batch at ``path`` (as named by a commit record): a zip container
         (``.zip``, format 2.x) or a group directory (format 1.x).
 
-        The container (:mod:`daskrl.zip_decode`) and every array's metadata (the allowlist of
-        :mod:`daskrl.zarr_decode`) are checked before any data is read; each array is decoded
+        The container (:mod:`daskrl.store._format.zip_decode`) and every array's metadata (the allowlist of
+        :mod:`daskrl.store._format.zarr_decode`) are checked before any data is read; each array is decoded
         straight into one tensor (pinned when ``device`` is CUDA) and moved to ``device`` with
         one copy.  ``path`` must be an attempt ``batches/<id:012d>-<attempt>[.zip]`` (of
         ``batch_id`` when given); anything else is refused (:class:`StoreFormatError`).

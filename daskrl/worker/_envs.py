@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .errors import ConfigError, EnvError
+from daskrl.errors import ConfigError, EnvError
 
 __all__ = ["EnvLike", "EnvSpec"]
 

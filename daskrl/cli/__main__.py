@@ -1,0 +1,3 @@
+from daskrl.cli._app import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The bytes of a batch: the only way in to them (private)."""

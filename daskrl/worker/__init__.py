@@ -1,0 +1,7 @@
+"""A Dask worker's side: its device, its loaded policy and its gymnasium envs."""
+
+from __future__ import annotations
+
+from daskrl.worker._devices import resolve_device
+
+__all__ = ["resolve_device"]
