@@ -10,22 +10,30 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "ArrayNotFoundError",
     "BatchDataMissingError",
     "BatchNotFoundError",
     "BatchTimeoutError",
+    "ClusterError",
     "ClusterTimeoutError",
     "CollectorClosedError",
     "ConfigError",
     "DaskrlError",
     "EnvError",
+    "MissingDependencyError",
     "PolicyError",
+    "SlurmError",
     "SlurmJobError",
     "StoreError",
     "StoreFormatError",
     "StoreRecordWarning",
     "StoreURLError",
+    "UnsupportedDtypeError",
+    "UsageError",
     "VersionMismatchError",
     "WeightsIntegrityError",
+    "WeightsNotSharedError",
+    "WeightsUnavailableError",
 ]
 
 
@@ -103,11 +111,42 @@ class CollectorClosedError(DaskrlError, RuntimeError):
     """The collector was used after :meth:`~daskrl.Collector.close`."""
 
 
-class SlurmJobError(DaskrlError, RuntimeError):
+class ClusterError(DaskrlError, ConnectionError):
+    """The cluster cannot be reached or started: nothing listens at the scheduler's address, the
+    connection or TLS handshake failed, or the cluster has had no workers for too long."""
+
+
+class MissingDependencyError(DaskrlError, ImportError):
+    """An optional dependency is not installed; the message has the ``pip install`` to run."""
+
+
+class SlurmError(DaskrlError, RuntimeError):
+    """The SLURM commands are missing or do not answer (``sbatch``, ``squeue``, ``scancel``)."""
+
+
+class SlurmJobError(SlurmError):
     """SLURM refused a worker job, or its jobs ended before their Dask workers joined; the
     message has the job's state, exit code and the last lines of its log."""
 
     whole_message = True  # the job's log lines say what to fix
+
+
+class WeightsUnavailableError(DaskrlError, RuntimeError):
+    """A worker cannot get the weights version a batch asks for: it is no longer published (the
+    collector closed) or the learner did not send it in time."""
+
+
+class UsageError(DaskrlError, TypeError):
+    """An API was called in a way its client does not allow (e.g. a synchronous call on a
+    collector with an asynchronous client), or given an object of the wrong kind."""
+
+
+class ArrayNotFoundError(StoreError, KeyError):
+    """A batch has no array of the name asked for; the message lists the arrays it has."""
+
+
+class UnsupportedDtypeError(DaskrlError, TypeError):
+    """An array of a dtype the store format does not hold (numeric and bool only)."""
 
 
 class VersionMismatchError(DaskrlError, RuntimeError):
