@@ -1,30 +1,244 @@
+"""Shared fixtures, and the test tiers.
+
+Every test gets exactly one tier marker, applied here at collection (see docs/architecture.md,
+"Test tiers"):
+
+- ``unit``: every test under ``tests/unit/``. No Dask at all: while one runs (fixtures
+  included) starting a process, opening a TCP/IP socket, starting a Dask server (scheduler,
+  worker, nanny) or importing ``distributed`` for the first time fails the test, and it gets a
+  default ``timeout`` of ``UNIT_TIMEOUT_S`` seconds. The whole tier runs in under a minute.
+- ``cluster``: in-process clusters: tests written with ``gen_cluster`` or ``gen_test``
+  (``from conftest import gen_cluster``; detected as a plain test function wrapping a coroutine
+  function), or using the ``inproc_client`` (or ``cleanup``) fixture, and none of the system
+  fixtures or markers below.
+- ``system``: everything else: process clusters (the ``client``/``cluster`` fixtures), CLI
+  subprocesses, SLURM (``slurm``), namespace hosts (``hosts``), examples (``slow``).
+
+A test may name its tier itself (``@pytest.mark.system``) where the rule cannot see it (an
+in-process cluster that also starts a subprocess); a tier mark on a test under ``tests/unit/``
+is an error. Tests run in tier order (unit, cluster, system): fast feedback first, and
+``gen_cluster``'s leak checks (it ends every child process of this one) run before any process
+cluster exists.
+
+``distributed.utils_test`` is distributed's test machinery, not public API: it is imported here
+only, lazily (so the unit tier does not import it), and test files take it from this module.
+"""
+
 from __future__ import annotations
 
 import glob
 import logging
 import os
+import socket
+import sys
+import time
+from pathlib import Path
 
-import gymnasium as gym
 import pytest
-from distributed import Client, LocalCluster
 
-from daskrl.policies import MLPPolicy
-from daskrl.weights._shm import shared_memory_dir
+TIERS = ("unit", "cluster", "system")
+UNIT_DIR = Path(__file__).parent / "unit"
+UNIT_TIMEOUT_S = 30
+UNIT_BUDGET_S = 60
+# Fixtures and markers that make a test a system test even when it also uses `inproc_client`.
+SYSTEM_FIXTURES = frozenset({"client", "cluster", "slurm", "slurm_session", "tmpfs"})
+SYSTEM_MARKERS = frozenset({"slow", "hosts", "slurm", "gpu"})
+CLUSTER_FIXTURES = frozenset({"inproc_client", "cleanup"})
+# What distributed.utils_test re-exports through this module (its names, lazily imported).
+_DISTRIBUTED_TESTING = ("gen_cluster", "gen_test")
 
 
+def __getattr__(name: str):
+    """``from conftest import gen_cluster``: distributed's test decorators, imported on use."""
+    if name in _DISTRIBUTED_TESTING:
+        import distributed.utils_test
+
+        return getattr(distributed.utils_test, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- tiers -----------------------------------------------------------------------------------
+
+def _is_under(path: Path, directory: Path) -> bool:
+    try:
+        path.resolve().relative_to(directory.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _wraps_a_coroutine(function) -> bool:
+    """True for a test written with ``gen_cluster``/``gen_test``: a plain function that runs a
+    coroutine function on its own event loop and names it as ``__wrapped__``."""
+    import inspect
+
+    wrapped = getattr(function, "__wrapped__", None)
+    return (function is not None and not inspect.iscoroutinefunction(function)
+            and wrapped is not None and inspect.iscoroutinefunction(wrapped))
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier rule (module docstring); raises a UsageError for a contradictory mark."""
+    explicit = [name for name in TIERS if item.get_closest_marker(name) is not None]
+    in_unit_dir = _is_under(Path(str(item.path)), UNIT_DIR)
+    if in_unit_dir:
+        if explicit and explicit != ["unit"]:
+            raise pytest.UsageError(f"{item.nodeid} is under tests/unit/ but marked "
+                                    f"{explicit}: move it out of tests/unit/ or drop the mark")
+        return "unit"
+    if len(explicit) > 1:
+        raise pytest.UsageError(f"{item.nodeid} has several tier marks {explicit}: keep one")
+    if explicit:
+        return explicit[0]
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & SYSTEM_FIXTURES or any(item.get_closest_marker(m) for m in SYSTEM_MARKERS):
+        return "system"
+    if fixtures & CLUSTER_FIXTURES or _wraps_a_coroutine(getattr(item, "function", None)):
+        return "cluster"
+    return "system"
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
+    """Marks each test with its tier before ``-m`` selects, and runs the tiers in order once
+    every other plugin (``-m``, ``-k``, pytest's grouping by fixture scope) is done."""
     import torch
 
-    if not torch.cuda.is_available():
-        skip = pytest.mark.skip(reason="needs a CUDA GPU")
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(skip)
+    no_gpu = not torch.cuda.is_available()
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if no_gpu and "gpu" in item.keywords:
+            item.add_marker(skip)
+        tier = tier_of(item)
+        item.add_marker(tier)
+        if tier == "unit" and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+    yield
+    # stable: file order within a tier
+    items.sort(key=lambda item: next(TIERS.index(t) for t in TIERS if item.get_closest_marker(t)))
+
+
+# --- the unit tier's guard -------------------------------------------------------------------
+
+class DaskInUnitTestError(RuntimeError):
+    """A unit-tier test started a process, opened a network socket or started Dask."""
+
+
+_guard = {"item": None, "violations": []}
+_BLOCKED_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
+                             "os.spawn", "os.system", "os.exec"})
+_NETWORK_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+
+
+def _violation(what: str) -> DaskInUnitTestError:
+    item = _guard["item"]
+    message = (f"{item.nodeid} is a unit-tier test (under tests/unit/) but {what}: unit tests "
+               "run without processes, network or Dask; move it to tests/ (the cluster or "
+               "system tier), or test the pure part without it")
+    _guard["violations"].append(message)
+    return DaskInUnitTestError(message)
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _guard["item"] is None:
+        return
+    if event in _BLOCKED_EVENTS:
+        raise _violation(f"started a process ({event})")
+    if event in ("socket.bind", "socket.connect") and args[0].family in _NETWORK_FAMILIES:
+        raise _violation(f"opened a network socket ({event} {args[1]!r})")
+
+
+sys.addaudithook(_audit)  # audit hooks cannot be removed: inert unless a unit test runs
+
+
+def _refuse_dask_server(self, *args, **kwargs):
+    raise _violation(f"started a Dask server ({type(self).__name__})")
+
+
+def _guard_on(item: pytest.Item) -> None:
+    _guard["item"], _guard["violations"] = item, []
+    _guard["had_distributed"] = "distributed" in sys.modules
+    if _guard["had_distributed"]:
+        import distributed.core
+
+        _guard["patch"] = patch = pytest.MonkeyPatch()
+        patch.setattr(distributed.core.Server, "__init__", _refuse_dask_server)
+
+
+def _guard_off() -> list[str]:
+    if patch := _guard.pop("patch", None):
+        patch.undo()
+    if not _guard["had_distributed"] and "distributed" in sys.modules:
+        _violation("imported distributed")
+    _guard["item"] = None
+    violations, _guard["violations"] = _guard["violations"], []
+    return violations
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("unit") is not None:
+        _guard_on(item)
+    try:
+        return (yield)
+    except BaseException:
+        if _guard["item"] is item:
+            _guard_off()
+        raise
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    if _guard["item"] is not item:
+        return (yield)
+    try:
+        result = yield
+    finally:
+        violations = _guard_off()
+    if violations:
+        pytest.fail("\n".join(dict.fromkeys(violations)), pytrace=False)
+    return result
+
+
+_started = pytest.StashKey[float]()
+_unit_only = pytest.StashKey[int]()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_started] = time.monotonic()
+
+
+def pytest_collection_finish(session):
+    units = sum(item.get_closest_marker("unit") is not None for item in session.items)
+    session.config.stash[_unit_only] = units if units == len(session.items) else 0
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Says how long a run of the unit tier alone took, against its one-minute budget."""
+    if not (count := config.stash.get(_unit_only, 0)):
+        return
+    took = time.monotonic() - config.stash[_started]
+    over = (f": over its {UNIT_BUDGET_S} s budget, find the slow tests with --durations=10"
+            if took > UNIT_BUDGET_S else f" (budget {UNIT_BUDGET_S} s)")
+    terminalreporter.write_line(f"unit tier: {count} tests in {took:.1f} s{over}")
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+@pytest.fixture
+def cleanup():
+    """distributed's per-test checks (no leaked threads, processes, clients, comms)."""
+    from distributed.utils_test import clean
+
+    with clean():
+        yield
 
 
 @pytest.fixture(scope="session")
 def cluster():
     """Two spawn-started worker processes, one thread each, shared by the session's tests."""
+    from distributed import LocalCluster
+
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None, silence_logs=logging.ERROR) as cluster:
         yield cluster
@@ -32,6 +246,10 @@ def cluster():
 
 @pytest.fixture
 def client(cluster):
+    from distributed import Client
+
+    from daskrl.weights._shm import shared_memory_dir
+
     with Client(cluster, set_as_default=False) as client:
         yield client
         # Each test leaves the shared cluster as it found it, and no weights in shared memory.
@@ -42,6 +260,8 @@ def client(cluster):
 @pytest.fixture
 def inproc_client():
     """An in-process cluster (processes=False): workers share this process's memory."""
+    from distributed import Client, LocalCluster
+
     with (
         LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                      dashboard_address=None, silence_logs=logging.ERROR) as cluster,
@@ -52,6 +272,10 @@ def inproc_client():
 
 @pytest.fixture
 def cartpole_policy():
+    import gymnasium as gym
+
+    from daskrl.policies import MLPPolicy
+
     env = gym.make("CartPole-v1")
     return MLPPolicy(env.observation_space, env.action_space)
 
