@@ -3,7 +3,8 @@
 Every test gets exactly one tier marker, applied here at collection (see docs/architecture.md,
 "Test tiers"):
 
-- ``unit``: every test under ``tests/unit/``. No Dask at all: while one runs (fixtures
+- ``unit``: every test under ``tests/unit/``, and only those (``-m unit`` collects only
+  that directory). No Dask at all: while one runs (fixtures
   included) starting a process, opening a TCP/IP socket, starting a Dask server (scheduler,
   worker, nanny) or importing ``distributed`` for the first time fails the test, and it gets a
   default ``timeout`` of ``UNIT_TIMEOUT_S`` seconds. The whole tier runs in under a minute.
@@ -86,6 +87,9 @@ def tier_of(item: pytest.Item) -> str:
             raise pytest.UsageError(f"{item.nodeid} is under tests/unit/ but marked "
                                     f"{explicit}: move it out of tests/unit/ or drop the mark")
         return "unit"
+    if "unit" in explicit:
+        raise pytest.UsageError(f"{item.nodeid} is marked unit outside tests/unit/: the unit "
+                                "tier is the directory; move the test there")
     if len(explicit) > 1:
         raise pytest.UsageError(f"{item.nodeid} has several tier marks {explicit}: keep one")
     if explicit:
@@ -98,17 +102,28 @@ def tier_of(item: pytest.Item) -> str:
     return "system"
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``-m unit`` imports only the files of tests/unit/ (the tier is that directory): the
+    other test modules import Dask, torch and the test beds, which would cost more than the
+    tier itself."""
+    if (config.getoption("markexpr") == "unit" and collection_path.suffix == ".py"
+            and not _is_under(collection_path, UNIT_DIR)):
+        return True
+    return None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """Marks each test with its tier before ``-m`` selects, and runs the tiers in order once
     every other plugin (``-m``, ``-k``, pytest's grouping by fixture scope) is done."""
-    import torch
+    if any("gpu" in item.keywords for item in items):
+        import torch
 
-    no_gpu = not torch.cuda.is_available()
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        if not torch.cuda.is_available():
+            for item in items:
+                if "gpu" in item.keywords:
+                    item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
     for item in items:
-        if no_gpu and "gpu" in item.keywords:
-            item.add_marker(skip)
         tier = tier_of(item)
         item.add_marker(tier)
         if tier == "unit" and item.get_closest_marker("timeout") is None:
