@@ -1,0 +1,93 @@
+"""The test tiers of tests/conftest.py, on a small suite of their own run by a real pytest."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+UNIT = '''
+import socket
+import subprocess
+
+
+def test_pure():
+    assert sum([1, 2]) == 3
+
+
+def test_starts_a_process():
+    subprocess.run(["true"], check=True)
+
+
+def test_swallows_the_refusal():
+    try:
+        subprocess.run(["true"], check=True)
+    except Exception:
+        pass
+
+
+def test_binds_a_socket():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+'''
+OTHERS = '''
+import pytest
+from conftest import gen_cluster
+
+
+@gen_cluster(client=True)
+async def test_in_process_cluster(c, s, a, b):
+    assert await c.submit(sum, [1, 2]) == 3
+
+
+def test_fixture(inproc_client):
+    pass
+
+
+def test_everything_else():
+    pass
+
+
+@pytest.mark.system
+def test_named(inproc_client):
+    pass
+'''
+
+
+@pytest.fixture
+def suite(pytester):
+    shutil.copy(CONFTEST, pytester.path / "conftest.py")
+    shutil.copy(CONFTEST.parent.parent / "pyproject.toml", pytester.path / "pyproject.toml")
+    (pytester.path / "unit").mkdir()
+    (pytester.path / "unit" / "__init__.py").write_text("")
+    (pytester.path / "unit" / "test_a.py").write_text(UNIT)
+    (pytester.path / "test_a.py").write_text(OTHERS)  # the same basename as the unit file
+    return pytester
+
+
+@pytest.mark.timeout(120)
+def test_each_test_has_one_tier_and_tiers_run_in_order(suite):
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-o", "testpaths=.", "-v")
+    result.assert_outcomes(passed=5, failed=3)
+    order = [line.split(" ")[0] for line in result.outlines if " PASSED" in line
+             or " FAILED" in line]
+    assert [name.split("::")[0] for name in order] == ["unit/test_a.py"] * 4 + ["test_a.py"] * 4
+    # the cluster tier (gen_cluster, the inproc_client fixture) runs before the system tier
+    assert order[4:6] == ["test_a.py::test_in_process_cluster", "test_a.py::test_fixture"]
+
+
+@pytest.mark.timeout(120)
+def test_a_unit_test_that_starts_a_process_or_opens_a_socket_fails(suite):
+    result = suite.runpytest_subprocess("-p", "no:cacheprovider", "-o", "testpaths=.",
+                                        "-m", "unit")
+    result.assert_outcomes(passed=1, failed=3)
+    result.stdout.fnmatch_lines([
+        "*test_starts_a_process*started a process (subprocess.Popen)*",
+        "*test_swallows_the_refusal*started a process (subprocess.Popen)*",
+        "*test_binds_a_socket*opened a network socket (socket.bind*",
+    ], consecutive=False)
+    result.stdout.fnmatch_lines(["unit tier: 4 tests in *"])
