@@ -73,7 +73,7 @@ def test_the_writer_puts_exactly_the_encoded_bytes_in_a_local_store(tmp_path, co
 
 
 def test_file_and_bytes_sources_read_the_same_arrays(tmp_path):
-    attrs, arrays = _batch()
+    _, arrays = _batch()
     data = _bytes("none")
     (tmp_path / "b.zip").write_bytes(data)
     for src in (FileSource(tmp_path, "b.zip", "batch b"), BytesSource(data, "batch b")):

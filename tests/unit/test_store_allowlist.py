@@ -17,21 +17,16 @@ import zarr.codecs
 import daskrl
 from daskrl import StoreFormatError
 from daskrl.store import TrajectoryStore
-from daskrl.store._format.zarr_decode import ALLOWED_DATA_TYPES, check_array_metadata
-from daskrl.testing import TagPolicy
+from daskrl.store._format.allowlist import ALLOWED_DATA_TYPES, check_array_metadata
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sample_batches import sample_arrays as _arrays
 from sample_batches import sample_meta as _meta
-from v1_store import create_v1_store, write_v1_batch
 
 
-@pytest.fixture(params=["2.0", "1.0"])
-def written(tmp_path, request):
-    """``(store root, batch path)`` of one uncompressed batch in a store of either format."""
-    if request.param == "1.0":
-        create_v1_store(tmp_path / "s")
-        return tmp_path / "s", write_v1_batch(tmp_path / "s", 0, _arrays(), _meta(), "none")
+@pytest.fixture
+def written(tmp_path):
+    """``(store root, batch path)`` of one uncompressed batch."""
     w = TrajectoryStore(str(tmp_path / "s"), read_only=False)
     w.initialize()
     path, _ = w.write_batch(0, _arrays(), _meta(), compression="none")
@@ -39,10 +34,7 @@ def written(tmp_path, request):
 
 
 def _replace(root: Path, path: str, key: str, data: bytes) -> None:
-    """Replace the file ``key`` of a batch: a member of its container, or a 1.x file."""
-    if not path.endswith(".zip"):
-        (root / path / key).write_bytes(data)
-        return
+    """Replace the member ``key`` of a batch's container."""
     with zipfile.ZipFile(root / path) as z:
         members = {n: z.read(n) for n in z.namelist()}
     (root / path).unlink()
@@ -52,8 +44,6 @@ def _replace(root: Path, path: str, key: str, data: bytes) -> None:
 
 
 def _read(root: Path, path: str, key: str) -> bytes:
-    if not path.endswith(".zip"):
-        return (root / path / key).read_bytes()
     with zipfile.ZipFile(root / path) as z:
         return z.read(key)
 
@@ -113,23 +103,20 @@ def test_allowlist_accepts_exactly_numeric_and_bool_types():
             check_array_metadata({**base, "data_type": bad}, "x")
 
 
-@pytest.mark.parametrize("container", [False, True])
 @pytest.mark.parametrize("compressor", [
     None, zarr.codecs.GzipCodec(level=1), zarr.codecs.ZstdCodec(level=3),
     zarr.codecs.BloscCodec(cname="zstd", clevel=2, shuffle="bitshuffle", typesize=8),
 ])
-def test_reads_what_zarr_python_writes_within_the_allowlist(tmp_path, compressor, container):
-    """Big-endian data, chunks split along every axis, padded edges, missing (fill) chunks; in a
-    zip container written by zarr's ZipStore, or as a (1.x) group directory."""
+def test_reads_what_zarr_python_writes_within_the_allowlist(tmp_path, compressor):
+    """Big-endian data, chunks split along every axis, padded edges, missing (fill) chunks, in
+    a zip container written by zarr's ZipStore."""
+    container = True
     url = str(tmp_path / "s")
     w = TrajectoryStore(url, read_only=False)
     w.initialize()
-    path = "batches/000000000005-handmade" + (".zip" if container else "")
-    if container:
-        zstore = zarr.storage.ZipStore(tmp_path / "s" / path, mode="w")
-        group = zarr.open_group(zstore, mode="w")
-    else:
-        group = zarr.open_group(url, mode="a").require_group(path)
+    path = "batches/000000000005-handmade.zip"
+    zstore = zarr.storage.ZipStore(tmp_path / "s" / path, mode="w")
+    group = zarr.open_group(zstore, mode="w")
     rng = np.random.default_rng(1)
     data = {
         "obs": (rng.standard_normal((7, 3, 5)) * 100).astype(">f8"),
@@ -157,48 +144,12 @@ def test_reads_what_zarr_python_writes_within_the_allowlist(tmp_path, compressor
         np.testing.assert_array_equal(batch[name].numpy(), a.astype(a.dtype.newbyteorder("=")))
 
 
-def test_a_real_store_holds_only_json_and_allowlisted_numeric_chunks(tmp_path, inproc_client):
-    """No pickle anywhere: every file is a JSON zarr.json or a chunk of an allowlisted array."""
-    url = str(tmp_path / "store")
-    with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, client=inproc_client,
-                          envs_per_worker=2, frames_per_batch=20, total_frames=40) as c:
-        list(c)
-    root = tmp_path / "store"
-    docs: dict[str, bytes] = {}  # every JSON document: store files and container members
-    chunks: dict[str, bytes] = {}
-    for f in (p for p in root.rglob("*") if p.is_file()):
-        key = f.relative_to(root).as_posix()
-        if f.suffix == ".zip":
-            assert key.startswith("batches/")
-            with zipfile.ZipFile(f) as z:
-                assert z.testzip() is None
-                for name in z.namelist():
-                    (docs if name.endswith("zarr.json") else chunks)[f"{key}/{name}"] = z.read(name)
-        else:
-            assert f.name == "zarr.json", key  # nothing but JSON outside the containers
-            docs[key] = f.read_bytes()
-    array_dirs = set()
-    for key, text in docs.items():
-        doc = json.loads(text)  # JSON, nothing else
-        assert b"pickle" not in text.lower()
-        if doc["node_type"] == "array":
-            check_array_metadata(doc, key)
-            array_dirs.add(key.rsplit("/", 1)[0])
-        else:
-            assert doc == {"zarr_format": 3, "node_type": "group",
-                           "attributes": doc["attributes"]}
-    assert len(array_dirs) >= 2 * 9
-    for key, data in chunks.items():  # a chunk: under <array>/c/
-        assert key[:key.index("/c/")] in array_dirs, key
-        assert not data.startswith(b"\x80\x04\x95"), key  # no pickle stream
-
-
 @pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
-def test_multi_chunk_arrays_with_a_padded_edge_round_trip(tmp_path, monkeypatch, compression):
+def test_multi_chunk_arrays_with_a_padded_edge_round_trip(tmp_path, compression):
     """Chunks read straight into the tensor, the edge chunk's padding checksummed, not kept."""
-    from daskrl.store._format import encode as zarr_encode
+    from daskrl.config import Compression
+    from daskrl.store._format import encode_batch
 
-    monkeypatch.setattr(zarr_encode, "CHUNK_BYTES", 4096)
     url = str(tmp_path / "s")
     w = TrajectoryStore(url, read_only=False)
     w.initialize()
@@ -206,6 +157,10 @@ def test_multi_chunk_arrays_with_a_padded_edge_round_trip(tmp_path, monkeypatch,
     arrays = {"observation": rng.standard_normal((37, 5, 10)).astype(np.float32),
               "step": np.arange(37 * 5, dtype=np.int64).reshape(37, 5)}
     path, _ = w.write_batch(0, arrays, _meta(37, 5), compression=compression)
+    small = encode_batch({**_meta(37, 5), "batch_id": 0, "path": path}, arrays,
+                         Compression(compression), chunk_bytes=4096)  # 2 chunks, one padded
+    (tmp_path / "s" / path).write_bytes(b"".join(bytes(memoryview(p).cast("B"))
+                                                for p in small.parts()))
     with zipfile.ZipFile(tmp_path / "s" / path) as z:
         chunks = sorted(n for n in z.namelist() if n.startswith("observation/c/"))
         edge = z.getinfo("observation/c/1/0/0")
@@ -228,7 +183,8 @@ def test_compressed_chunks_must_decode_to_exactly_the_chunk_size():
 
     import numcodecs
 
-    from daskrl.store._format.zarr_decode import ArrayLayout, ChunkError, decode_chunk
+    from daskrl.store._format.allowlist import ArrayLayout
+    from daskrl.store._format.chunks import ChunkError, decode_chunk
 
     def layout(comp):
         return ArrayLayout((4,), np.dtype(np.float32), (4,), "/", 0.0, False, comp, False)
