@@ -20,7 +20,6 @@ from daskrl import BatchNotFoundError, StoreFormatError
 from daskrl.store import FORMAT_VERSION, TrajectoryStore
 
 sys.path.insert(0, str(Path(__file__).parent))
-from v1_store import create_v1_store, write_v1_batch
 
 
 def _arrays(T=4, E=2, seed=0):
@@ -145,41 +144,22 @@ def test_reader_refuses_other_stores_and_newer_major_versions(tmp_path):
     doc["attributes"]["daskrl"]["format_version"] = "3.0"
     (tmp_path / "new" / "zarr.json").write_text(json.dumps(doc))
     with pytest.raises(StoreFormatError, match=re.escape(
-            "format version '3.0'; this daskrl reads versions 1.x and 2.x. Upgrade daskrl.")):
+            "format version '3.0'; this daskrl reads versions 2.x. Upgrade daskrl.")):
         daskrl.open_store(str(tmp_path / "new"))
 
 
-def test_a_1x_store_is_read_but_not_written(tmp_path):
-    root = tmp_path / "old"
-    create_v1_store(root)
-    arrays = _arrays(T=37)
-    paths = [write_v1_batch(root, bid, arrays, _meta(), compression=c)
-             for bid, c in enumerate(["zstd", "none"])]
-    store = daskrl.open_store(str(root))
-    assert store.batch_ids() == [0, 1] and (root / paths[0] / "reward" / "zarr.json").is_file()
-    for bid in (0, 1):
-        got = store.load(bid)
-        for k, v in arrays.items():
-            np.testing.assert_array_equal(got[k].numpy(), v)
-    assert set(store.load(1, keys=["reward"])) == {"reward"}
-    np.testing.assert_array_equal(store.to_dask(["reward"], layout="time")["reward"].compute(),
-                                  np.concatenate([arrays["reward"]] * 2))
-    msg = ("has format version 1.x; this daskrl writes only version 2.0 (a batch is one zip "
-           "container). Write to a new store; this daskrl still reads this one.")
+def test_a_1x_store_is_refused_as_unsupported(tmp_path):
+    """Format 1.x (a group directory per batch) was never released: it is not read."""
+    w = TrajectoryStore(str(tmp_path / "old"), read_only=False)
+    w.initialize()
+    doc = json.loads((tmp_path / "old" / "zarr.json").read_text())
+    doc["attributes"]["daskrl"]["format_version"] = "1.0"
+    (tmp_path / "old" / "zarr.json").write_text(json.dumps(doc))
+    msg = "has format version '1.0' (a group directory per batch, a development format that was "
+    with pytest.raises(StoreFormatError, match=re.escape(msg) + ".*unsupported"):
+        daskrl.open_store(str(tmp_path / "old"))
     with pytest.raises(StoreFormatError, match=re.escape(msg)):
-        TrajectoryStore(str(root), read_only=False).initialize()
-    with pytest.raises(StoreFormatError, match=re.escape(msg)):  # a worker's store: no initialize
-        TrajectoryStore(str(root), read_only=False).write_batch(2, arrays, _meta())
-    assert sorted(p.name for p in (root / "batches").iterdir()) == sorted(
-        [p.split("/")[1] for p in paths] + ["zarr.json"])
-    # housekeeping of 1.x attempt directories
-    writable = daskrl.open_store(str(root), writable=True)
-    assert writable.delete_batches([0]) == [0] and not (root / paths[0]).exists()
-    dead = root / "batches" / "000000000007-deadbeef0000"
-    (dead / "reward").mkdir(parents=True)
-    (dead / "reward" / "zarr.json").write_text("{}")
-    assert writable.collect_garbage(older_than=0).attempts == (f"batches/{dead.name}",)
-    assert not dead.exists() and store.batch_ids() == [1]
+        TrajectoryStore(str(tmp_path / "old"), read_only=False).write_batch(0, _arrays(), _meta())
 
 
 def test_runs_get_distinct_numbers(tmp_path):
@@ -215,7 +195,7 @@ def test_chunk_corruption_is_detected_on_read(tmp_path):
     (np.float32, (37, 3, 4)), (np.float32, (37, 5, 10)), (np.bool_, (5, 2)), (np.int64, (9, 2)), (np.uint8, (6, 2, 84, 84)),
     (np.float16, (3, 1)), (np.float64, (4, 2, 1)),
 ])
-def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compression, monkeypatch):
+def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compression):
     """daskrl writes zarr v3 itself (for speed); the bytes must be what zarr-python writes."""
     import asyncio
 
@@ -226,16 +206,15 @@ def test_encoded_arrays_are_byte_identical_to_zarr_python(dtype, shape, compress
     from daskrl.config import Compression
     from daskrl.store._format import encode as zarr_encode
 
-    monkeypatch.setattr(zarr_encode, "CHUNK_BYTES", 4096)  # several chunks, a padded edge one
     rng = np.random.default_rng(0)
     arr = (rng.standard_normal(shape) * 50).astype(dtype)
-    ours = dict(zarr_encode.encode_array("a", arr, Compression(compression)))
+    ours = dict(zarr_encode.encode_array("a", arr, Compression(compression), chunk_bytes=4096))
     comp = {"zstd": [zarr.codecs.ZstdCodec(level=1)],
             "lz4": [zarr.codecs.BloscCodec(cname="lz4", clevel=1, shuffle="shuffle", typesize=arr.dtype.itemsize)],
             "none": []}[compression]
     store = MemoryStore()
     ref = zarr.create_array(store, name="a", shape=arr.shape, dtype=arr.dtype,
-                            chunks=(zarr_encode.chunk_rows(arr), *arr.shape[1:]),
+                            chunks=(zarr_encode.chunk_rows(arr, 4096), *arr.shape[1:]),
                             compressors=[*comp, zarr.codecs.Crc32cCodec()], fill_value=0,
                             dimension_names=("time", "env", *[None] * (arr.ndim - 2)),
                             config={"write_empty_chunks": True})

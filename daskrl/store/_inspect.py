@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from daskrl.errors import BatchNotFoundError, DaskrlError
+from daskrl.errors import BatchDataMissingError, DaskrlError
 
 __all__ = ["format_summary", "plot_returns", "summarize"]
 
@@ -31,13 +31,6 @@ def _returns_by_batch(records: dict[int, dict[str, Any]]) -> tuple[np.ndarray, n
 
 def summarize(store: Any) -> dict[str, Any]:
     """Summary of a :class:`~daskrl.TrajectoryStore` as plain JSON-able values."""
-    from daskrl.store._format.zarr_decode import (
-        array_nbytes,
-        check_array_metadata,
-        list_arrays,
-        read_metadata,
-    )
-    from daskrl.store._format.zip_decode import read_index
     from daskrl.store._housekeeping import ATTEMPT_NAME
 
     records = store.records()
@@ -55,28 +48,15 @@ def summarize(store: Any) -> dict[str, Any]:
     for bid, rec in records.items():
         path = rec["path"]
         where = f"batch {bid} ({path!r})"
-        if path.endswith(".zip"):  # format 2.x: the container's directory has the sizes
-            try:
-                index, layouts = read_index(store._zstore, path, where, store.url)
-            except BatchNotFoundError:
-                if store._still_committed(bid, path):
-                    raise store._data_missing(bid, path) from None
-                pruned.append(bid)  # deleted since it was listed: not counted
-                continue
-            chunks += index.chunk_bytes
-            raw += sum(math.prod(lay.shape) * lay.dtype.itemsize for lay in layouts.values())
-            continue
-        names = list_arrays(store._zstore, path)
-        if not names:
+        try:  # the container's directory has the sizes
+            index = store._batch_index(path, where)
+        except BatchDataMissingError:
             if store._still_committed(bid, path):
-                raise store._data_missing(bid, path)
-            pruned.append(bid)
+                raise store._data_missing(bid, path) from None
+            pruned.append(bid)  # deleted since it was listed: not counted
             continue
-        docs = dict(zip(names, read_metadata(store._zstore, path, names)))
-        for name, doc in docs.items():
-            check_array_metadata(doc, f"{where}, array {name!r}")
-        raw += array_nbytes(docs)
-        chunks += sum(size for key, size, _ in store._files(path) if not key.endswith("zarr.json"))
+        chunks += index.chunk_bytes
+        raw += index.decoded_bytes
     if pruned:  # the counts describe the batches that are still there
         records = {b: r for b, r in records.items() if b not in set(pruned)}
         _, returns = _returns_by_batch(records)

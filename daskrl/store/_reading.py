@@ -2,7 +2,7 @@
 
 Mixed into :class:`~daskrl.TrajectoryStore` (``daskrl.open_store(url)`` returns one).  Batches
 are listed by their commit records only; their data is read through the allowlist of
-:mod:`daskrl.store._format.zarr_decode`.
+:mod:`daskrl.store._format`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from daskrl.errors import (
+    ArrayNotFoundError,
+    BatchDataMissingError,
     BatchNotFoundError,
     ConfigError,
     StoreError,
@@ -87,6 +89,7 @@ class StoreReaders:
     def _list_groups(self, prefix: str) -> list[str]: ...
     def _still_committed(self, batch_id: int, path: str) -> bool: ...
     def _data_missing(self, batch_id: int, path: str) -> StoreError: ...
+    def _batch_index(self, path: str, where: str, names: Sequence[str] | None = None) -> Any: ...
     def load(self, batch_id: int, device: torch.device | str | None = None,
              keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]: ...
 
@@ -258,42 +261,17 @@ class StoreReaders:
                 yield ep
 
     def array_names(self, path: str) -> list[str]:
-        """Names of the arrays of the batch at ``path`` (a container or a 1.x group)."""
-        from daskrl.store._format.zarr_decode import list_arrays
-        from daskrl.store._format.zip_decode import read_index
-
-        if path.endswith(".zip"):
-            return sorted(read_index(self._zstore, path, f"batch {path!r}", self.url, keys=[])[0].docs)
-        return list_arrays(self._zstore, path)
+        """Names of the arrays of the batch (container) at ``path``."""
+        return self._batch_index(path, f"batch {path!r}", []).arrays
 
     def _array_layouts(self, bid: int, path: str, names: Sequence[str]) -> dict[str, Any]:
-        """Validated :class:`~daskrl.store._format.zarr_decode.ArrayLayout` of arrays ``names`` of a batch."""
-        from daskrl.store._format.zarr_decode import (
-            check_array_metadata,
-            list_arrays,
-            read_metadata,
-        )
-        from daskrl.store._format.zip_decode import read_index
-
+        """Validated :class:`~daskrl.store._format.ArrayLayout` of arrays ``names`` of a batch."""
         where = f"batch {bid} ({path!r})"
-        if path.endswith(".zip"):
-            try:
-                return read_index(self._zstore, path, where, self.url, keys=names)[1]
-            except BatchNotFoundError:
-                raise
-            except KeyError as e:
-                raise StoreError(f"{where} of {self.url!r}: {e.args[0]} Pass keys= present in "
-                                 "every batch.") from None
-        out = {}
-        docs = read_metadata(self._zstore, path, names)
-        if names and all(d is None for d in docs) and not list_arrays(self._zstore, path):
-            raise BatchNotFoundError(f"batch data {path!r} is missing from {self.url!r}.")
-        for name, doc in zip(names, docs):
-            if doc is None:
-                raise StoreError(f"{where} of {self.url!r} has no array {name!r}; pass keys= "
-                                 "present in every batch.")
-            out[name] = check_array_metadata(doc, f"{where}, array {name!r}")
-        return out
+        try:
+            return self._batch_index(path, where, names).layouts
+        except ArrayNotFoundError as e:
+            raise ArrayNotFoundError(f"{e.args[0]} (store {self.url!r}) Pass keys= present in "
+                                     "every batch.") from None
 
     # -- dask -----------------------------------------------------------------------------------
     def to_dask(
@@ -341,7 +319,7 @@ class StoreReaders:
                 if names is None:
                     names = self.array_names(path)
                 layouts = self._array_layouts(bid, path, names)
-            except BatchNotFoundError:
+            except BatchDataMissingError:
                 if self._still_committed(bid, path):
                     raise self._data_missing(bid, path) from None
                 continue  # deleted (pruned) since it was listed: not part of the view

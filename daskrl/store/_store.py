@@ -12,7 +12,7 @@ A worker writes a batch as one file under a fresh attempt name (on local and sha
 filesystems in place, with plain file I/O: see :mod:`daskrl.store._format.local_io`; elsewhere one put), then
 creates the commit record with an atomic, exclusive create.  Readers list commits only, so a
 batch is seen whole or not at all, and a retried task's second commit of the same id is detected
-and dropped.  Stores of format 1.x (one directory tree per attempt) are still read.
+and dropped.  Stores of format 1.x (one directory tree per attempt, never released) are refused.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import fsspec
 import numpy as np
 import torch
-from zarr.abc.store import RangeByteRequest
+from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
@@ -47,11 +47,19 @@ from daskrl.errors import (
     StoreRecordWarning,
     StoreURLError,
 )
-from daskrl.store._format import local_io
-from daskrl.store._format.encode import encode_batch
-from daskrl.store._format.zarr_decode import read_arrays
-from daskrl.store._format.zip_container import ZipFormatError, build_archive, crc32, plan_archive
-from daskrl.store._format.zip_decode import read_zip_arrays
+from daskrl.store._format import (
+    BatchIndex,
+    ByteSource,
+    EncodedBatch,
+    FileSource,
+    ReadLimits,
+    ShortReadError,
+    ZipFormatError,
+    encode_batch,
+    local_io,
+    read_batch,
+    read_index,
+)
 from daskrl.store._handles import BatchHandle
 from daskrl.store._housekeeping import StoreHousekeeping
 from daskrl.store._reading import StoreReaders
@@ -61,7 +69,7 @@ __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "TrajectoryStore", "normalize_url", 
 
 FORMAT_NAME = "daskrl.trajectories"
 FORMAT_VERSION = "2.0"
-READ_MAJORS = (1, 2)
+READ_MAJORS = (2,)
 """Major format versions this daskrl reads; it writes only :data:`FORMAT_VERSION`'s."""
 BATCH_IDS_PER_RUN = 1_000_000_000
 """Run ``r`` numbers its batches from ``r * BATCH_IDS_PER_RUN``."""
@@ -163,8 +171,11 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         storage_options: Mapping[str, Any] | None = None,
         *,
         read_only: bool = True,
+        read_limits: ReadLimits | None = None,
     ) -> None:
         self.url = normalize_url(url)
+        self.read_limits = read_limits or ReadLimits()
+        """Bounds on what a batch may make a reader allocate (see ``docs/reading.md``)."""
         self.storage_options = check_store_options(self.url, storage_options)
         self.read_only = read_only
         self._zstore = _zarr_store(self.url, self.storage_options, read_only)
@@ -324,6 +335,13 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
                 f"(root attributes: {root.get('attributes')!r})."
             )
         major = str(info.get("format_version", "")).split(".")[0]
+        if major == "1":
+            raise StoreFormatError(
+                f"store {self.url!r} has format version {info.get('format_version')!r} (a group "
+                "directory per batch, a development format that was never released): it is "
+                f"unsupported; this daskrl reads only version {FORMAT_VERSION}. Collect the "
+                "data again with this daskrl."
+            )
         if major not in {str(m) for m in READ_MAJORS}:
             raise StoreFormatError(
                 f"store {self.url!r} has format version {info.get('format_version')!r}; this "
@@ -467,13 +485,13 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             "than any stall of a writer (a stopped process, a suspended job, a paused VM)."
         )
 
-    def _write_container(self, batch_id: int, path: str, entries: list[Any]) -> None:
+    def _write_container(self, batch_id: int, path: str, entries: EncodedBatch) -> None:
         try:
             if isinstance(self._zstore, LocalStore):
                 # In place (the attempt is invisible until committed); see daskrl.store._format.local_io.
                 self._write_local(os.path.join(self._zstore.root, path), entries)
             else:
-                data = b"".join(build_archive(entries).parts)
+                data = b"".join(entries.parts())
                 sync(self._zstore.set(path, default_buffer_prototype().buffer.from_bytes(data)))
         except ZipFormatError as e:
             raise StoreError(f"cannot write batch {batch_id} to {self.url!r}: {e}.") from e
@@ -502,25 +520,18 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
             ) from e
 
     @staticmethod
-    def _write_local(file: str, entries: list[tuple[str, list[Any]]]) -> None:
+    def _write_local(file: str, batch: EncodedBatch) -> None:
         """A container into a new local file: small ones with one ``pwritev``; large ones with
         their members' data written by the thread pool while their CRC-32s are computed, then
         the headers and the directory (which need the CRCs)."""
-        total = sum(memoryview(p).nbytes for _, parts in entries for p in parts)
-        if total < _PARALLEL_WRITE_BYTES:
-            local_io.write_new_file(file, build_archive(entries).parts)
+        if batch.nbytes < _PARALLEL_WRITE_BYTES:
+            local_io.write_new_file(file, batch.parts())
             return
         pool = local_io.thread_pool()
-        plan = plan_archive(entries)
-        crcs = [pool.submit(crc32, parts) for _, parts in entries]
-
-        def headers() -> list[tuple[int, list[Any]]]:
-            done = [f.result() for f in crcs]
-            heads = [(m.offset, [plan.local_header(m, c)]) for m, c in zip(plan.members, done)]
-            return [*heads, (plan.directory_offset, [plan.trailer(done)])]
-
-        data = [(m.data_offset, parts) for m, (_, parts) in zip(plan.members, entries) if parts]
-        local_io.write_new_file_at(file, data, pool, headers)
+        data = batch.data_pieces()
+        crcs = [pool.submit(batch.member_crc, i) for i in range(len(batch.entries))]
+        local_io.write_new_file_at(file, data, pool,
+                                   lambda: batch.header_pieces([f.result() for f in crcs]))
 
     def _delete_attempt(self, path: str) -> None:
         """Remove an attempt: a container (2.x) or a directory tree (1.x)."""
@@ -648,25 +659,25 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         self, path: str, device: torch.device | str | None = None,
         keys: Sequence[str] | None = None, batch_id: int | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Load the batch at ``path`` (as named by a commit record): a zip container
-        (``.zip``, format 2.x) or a group directory (format 1.x).
+        """Load the batch at ``path`` (as named by a commit record): a zip container.
 
-        The container (:mod:`daskrl.store._format.zip_decode`) and every array's metadata (the allowlist of
-        :mod:`daskrl.store._format.zarr_decode`) are checked before any data is read; each array is decoded
-        straight into one tensor (pinned when ``device`` is CUDA) and moved to ``device`` with
-        one copy.  ``path`` must be an attempt ``batches/<id:012d>-<attempt>[.zip]`` (of
-        ``batch_id`` when given); anything else is refused (:class:`StoreFormatError`).
+        The container and every array's metadata (the allowlist) are checked before any data
+        is read (:mod:`daskrl.store._format`), within :attr:`read_limits`; each array is
+        decoded straight into one tensor (pinned when ``device`` is CUDA) and moved to
+        ``device`` with one copy.  ``path`` must be an attempt
+        ``batches/<id:012d>-<attempt>.zip`` (of ``batch_id`` when given); anything else is
+        refused (:class:`StoreFormatError`).
         """
         check_attempt_path(path, batch_id, f"batch path {path!r} of store {self.url!r}")
         batch_id = _batch_id_of(path)
         where = f"batch {batch_id} ({path!r})" if batch_id is not None else f"batch {path!r}"
+        dev = torch.device(device) if device is not None else torch.device("cpu")
         try:
-            if path.endswith(".zip"):
-                out = read_zip_arrays(self._zstore, path, where, keys, device, self.url,
-                                      self._dirs_ok)
-            else:
-                out = read_arrays(self._zstore, path, where, keys, device, self.url)
-        except BatchNotFoundError:
+            if not path.endswith(".zip"):
+                raise StoreFormatError(f"{where} of {self.url!r} is not a zip container (format "
+                                       "1.x, never released, is unsupported).")
+            out = _load_tensors(self._batch_source(path, where), keys, dev, self.read_limits)
+        except BatchDataMissingError:
             self._check_still_committed(batch_id, path)  # deleted under the read?
             raise self._data_missing(batch_id, path) from None
         except (KeyError, StoreError):
@@ -677,6 +688,21 @@ class TrajectoryStore(StoreReaders, StoreHousekeeping):
         # all-zero chunk by mistake).
         self._check_still_committed(batch_id, path)
         return out
+
+    def _batch_source(self, path: str, where: str) -> ByteSource:
+        """The container ``path`` as a byte source (close it after use)."""
+        if isinstance(self._zstore, LocalStore):
+            return FileSource(self._zstore.root, path, where, self._dirs_ok)
+        return _ZarrStoreSource(self._zstore, path, where)
+
+    def _batch_index(self, path: str, where: str, names: Sequence[str] | None = None
+                     ) -> BatchIndex:
+        """The validated index of the container ``path`` (layouts of ``names``, default all)."""
+        src = self._batch_source(path, where)
+        try:
+            return read_index(src, names, limits=self.read_limits)
+        finally:
+            src.close()
 
     def _check_still_committed(self, batch_id: int | None, path: str) -> None:
         if batch_id is None:
@@ -733,13 +759,15 @@ def open_store(
     storage_options: Mapping[str, Any] | None = None,
     *,
     writable: bool = False,
+    read_limits: ReadLimits | None = None,
 ) -> TrajectoryStore:
     """Open an existing daskrl store; no cluster needed.
 
     ``writable=True`` allows housekeeping (``delete_batches``, ``keep_last``,
-    ``collect_garbage``); reading never needs it.
+    ``collect_garbage``); reading never needs it.  ``read_limits`` raises the bounds a reader
+    puts on a batch (:class:`~daskrl.store.ReadLimits`), for trusted stores of large batches.
     """
-    store = TrajectoryStore(url, storage_options, read_only=not writable)
+    store = TrajectoryStore(url, storage_options, read_only=not writable, read_limits=read_limits)
     store.check_format()
     return store
 
@@ -747,3 +775,77 @@ def open_store(
 def options_for(url: str) -> dict[str, Any]:
     """storage_options registered in this process for ``url`` (never stored in handles)."""
     return _OPTIONS.get(url, {})
+
+
+def _load_tensors(src: ByteSource, keys: Sequence[str] | None, dev: torch.device,
+                  limits: ReadLimits) -> dict[str, torch.Tensor]:
+    """The arrays ``keys`` of the container ``src`` as tensors on ``dev`` (closes ``src``).
+
+    Arrays are read into numpy memory (malloc reuses freed memory; torch's allocator maps fresh
+    pages, whose first touch costs more than reading a batch from the page cache), or, for a
+    CUDA target, into pinned tensors moved with one copy each."""
+    pinned: dict[str, torch.Tensor] = {}
+
+    def pin(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
+        pinned[name] = t
+        return t.numpy()
+
+    use_pin = dev.type == "cuda" and torch.cuda.is_available()
+    try:
+        index = read_index(src, [] if keys is not None else None, limits=limits)
+        arrays = read_batch(src, index, keys, limits=limits, allocate=pin if use_pin else None)
+    finally:
+        src.close()
+    if dev.type == "cpu":
+        return {k: torch.from_numpy(a) for k, a in arrays.items()}
+    return {k: (pinned[k] if use_pin else torch.from_numpy(a)).to(dev) for k, a in arrays.items()}
+
+
+class _ZarrStoreSource:
+    """A container in a (non-local) zarr store as a :class:`ByteSource`, through the store's
+    ranged gets.  (An adapter until the store's backends provide their own sources.)"""
+
+    def __init__(self, zstore: Any, key: str, name: str) -> None:
+        self.name, self._zstore, self._key = name, zstore, key
+        self._size: int | None = None
+
+    def _missing(self) -> BatchDataMissingError:
+        return BatchDataMissingError(f"{self.name}: the container {self._key!r} is missing.")
+
+    def size(self) -> int:
+        if self._size is None:
+            try:
+                self._size = int(sync(self._zstore.getsize(self._key)))
+            except FileNotFoundError:
+                raise self._missing() from None
+        return self._size
+
+    def tail(self, n: int) -> bytes:
+        buf = sync(self._zstore.get(self._key, default_buffer_prototype(), SuffixByteRequest(n)))
+        if buf is None:
+            raise self._missing()
+        data = bytes(buf.to_bytes())
+        if len(data) < n:  # the whole object: its size is known
+            self._size = len(data)
+        return data
+
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        if not ranges:
+            return []
+        bufs = sync(self._zstore.get_partial_values(
+            default_buffer_prototype(),
+            [(self._key, RangeByteRequest(a, a + n)) for a, n in ranges]))
+        out = []
+        for (a, n), buf in zip(ranges, bufs):
+            data = b"" if buf is None else bytes(buf.to_bytes())
+            if len(data) != n:
+                raise ShortReadError(f"bytes {a}..{a + n} lie past the end of the object")
+            out.append(data)
+        return out
+
+    def fileno(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        pass

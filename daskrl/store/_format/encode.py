@@ -1,16 +1,20 @@
-"""Encode a batch's arrays as zarr v3 documents and chunks, ready to put in any store.
+"""Encode a batch as the bytes of one zip container of store format 2.x.
 
-Workers write many small arrays per batch; zarr-python's array-creation path costs ~2-3 ms of
-Python per array (metadata validation, parent-group checks, one store round trip at a time),
-which is a fifth of a CartPole batch's rollout.  The zarr v3 format itself is simple: a
-``zarr.json`` per array and one file per chunk, each chunk passed through the codec chain
-``bytes`` → compressor → ``crc32c``.  This module produces exactly those bytes (checked
-byte-for-byte against zarr-python in the tests), so a batch becomes one concurrent burst of
-``store.set`` calls.  Reading stays with zarr-python.
+A batch is a zarr v3 group: a ``zarr.json`` per array and one member per chunk, each chunk
+passed through the codec chain ``bytes`` -> compressor -> ``crc32c``.  zarr-python's
+array-creation path costs ~2-3 ms of Python per array, a fifth of a CartPole batch's rollout;
+this module writes exactly the bytes zarr-python would (checked byte for byte in the tests)
+without it.  :func:`encode_batch` returns an :class:`EncodedBatch`: the members in archive
+order (chunks first, then the documents, which then lie next to the central directory where a
+reader's one read at the end finds both) and what a writer needs to put them in a file, whole
+or member by member while their CRC-32s are computed.  Reading is :mod:`.index` and
+:mod:`.read`.
 """
+
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Iterator, Mapping
@@ -21,8 +25,10 @@ import numpy as np
 
 from daskrl._checksums import crc32c
 from daskrl.config import Compression
+from daskrl.errors import UnsupportedDtypeError
+from daskrl.store._format import zip_container as zc
 
-__all__ = ["CHUNK_BYTES", "chunk_rows", "encode_array", "encode_array_parts", "encode_batch",
+__all__ = ["CHUNK_BYTES", "EncodedBatch", "chunk_rows", "encode_array", "encode_batch",
            "group_document"]
 
 CHUNK_BYTES = 8 << 20
@@ -40,18 +46,19 @@ def group_document(attributes: dict[str, Any]) -> bytes:
     return json.dumps(doc, indent=1).encode()
 
 
-def chunk_rows(arr: np.ndarray) -> int:
-    """Time steps per chunk: at most :data:`CHUNK_BYTES` (at least one step), balanced so that
+def chunk_rows(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Time steps per chunk: at most ``chunk_bytes`` (at least one step), balanced so that
     the chunks split ``T`` as evenly as possible (little or no padding in the edge chunk)."""
     row = max(1, arr[:1].nbytes)
-    most = max(1, min(arr.shape[0], CHUNK_BYTES // row))
+    most = max(1, min(arr.shape[0], chunk_bytes // row))
     n = -(-arr.shape[0] // most) if arr.shape[0] else 1
     return max(1, -(-arr.shape[0] // n))
 
 
 def _data_type(dtype: np.dtype) -> str:
     if dtype.kind not in _DTYPES:
-        raise TypeError(f"dtype {dtype} cannot be stored: numeric and bool dtypes only")
+        raise UnsupportedDtypeError(f"dtype {dtype} cannot be stored: numeric and bool dtypes "
+                                    "only (convert the array, e.g. to float32 or uint8)")
     return "bool" if dtype.kind == "b" else dtype.name
 
 
@@ -117,12 +124,11 @@ def _array_document(shape: tuple[int, ...], dtype: np.dtype, rows: int,
     return json.dumps(meta, indent=1).encode()
 
 
-def encode_array_parts(
-    path: str, arr: np.ndarray, compression: Compression
-) -> Iterator[tuple[str, list[Any]]]:
-    """Yield ``(key, buffers)`` of the zarr v3 array ``path``: its ``zarr.json``, then its
-    chunks; a file's content is its buffers joined."""
-    rows = chunk_rows(arr)
+def _array_members(path: str, arr: np.ndarray, compression: Compression, chunk_bytes: int
+                   ) -> Iterator[tuple[str, list[Any]]]:
+    """``(member name, buffers)`` of the zarr v3 array ``path``: its ``zarr.json``, then its
+    chunks; a member's content is its buffers joined."""
+    rows = chunk_rows(arr, chunk_bytes)
     yield f"{path}/zarr.json", [_array_document(arr.shape, arr.dtype, rows, compression)]
     tail = "/0" * (arr.ndim - 1)
     for i, start in enumerate(range(0, arr.shape[0], rows)):
@@ -131,25 +137,65 @@ def encode_array_parts(
         yield f"{path}/c/{i}{tail}", _encode_chunk(chunk, compression, rows - chunk.shape[0])
 
 
-def encode_array(path: str, arr: np.ndarray, compression: Compression) -> Iterator[tuple[str, bytes]]:
+def encode_array(path: str, arr: np.ndarray, compression: Compression,
+                 chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[str, bytes]]:
     """Yield ``(key, bytes)`` of the zarr v3 array ``path``: its ``zarr.json``, then its chunks.
 
     The array is ``[T, E, ...]`` with dimension names ``time``, ``env``; chunks split the time
-    axis only.
+    axis only, at most ``chunk_bytes`` each.
     """
-    for key, parts in encode_array_parts(path, arr, compression):
+    for key, parts in _array_members(path, arr, compression, chunk_bytes):
         yield key, b"".join(parts)
 
 
-def encode_batch(
-    attributes: dict[str, Any], arrays: Mapping[str, np.ndarray], compression: Compression
-) -> list[tuple[str, list[Any]]]:
-    """``(key, buffers)`` of a batch group: every array's chunks first, then the documents (the
-    arrays' ``zarr.json`` and the group's, with ``attributes``).  In a zip container the
-    documents then lie next to its central directory, where one read at the end finds both."""
+@dataclasses.dataclass(frozen=True)
+class EncodedBatch:
+    """A batch's container before it is written: ``(member name, buffers)`` in archive order
+    (the buffers are the caller's arrays where uncompressed: nothing is copied)."""
+
+    entries: list[tuple[str, list[Any]]]
+
+    @functools.cached_property
+    def plan(self) -> zc.Plan:
+        """Where each member goes (offsets and sizes; raises :class:`~.zip_container.ZipFormatError`
+        for a member of 4 GiB or more)."""
+        return zc.plan_archive(self.entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of member data."""
+        return sum(memoryview(p).nbytes for _, parts in self.entries for p in parts)
+
+    def parts(self) -> list[Any]:
+        """The whole container as buffers, in order (CRC-32s computed here)."""
+        return zc.build_archive(self.entries).parts
+
+    def member_crc(self, i: int) -> int:
+        """ZIP CRC-32 of member ``i`` (releases the GIL: may run in a thread pool)."""
+        return zc.crc32(self.entries[i][1])
+
+    def data_pieces(self) -> list[tuple[int, list[Any]]]:
+        """``(offset, buffers)`` of every member's data, writable before the CRC-32s are known."""
+        return [(m.data_offset, parts)
+                for m, (_, parts) in zip(self.plan.members, self.entries) if parts]
+
+    def header_pieces(self, crcs: list[int]) -> list[tuple[int, list[Any]]]:
+        """``(offset, buffers)`` of the local headers and the central directory, given every
+        member's CRC-32."""
+        plan = self.plan
+        heads = [(m.offset, [plan.local_header(m, c)]) for m, c in zip(plan.members, crcs)]
+        return [*heads, (plan.directory_offset, [plan.trailer(crcs)])]
+
+
+def encode_batch(attributes: dict[str, Any], arrays: Mapping[str, np.ndarray],
+                 compression: Compression, *, chunk_bytes: int = CHUNK_BYTES) -> EncodedBatch:
+    """The container of a batch group: every array's chunks first, then the documents (the
+    arrays' ``zarr.json`` and the group's, with ``attributes``).  Chunks hold at most
+    ``chunk_bytes`` before compression.  Raises :class:`~daskrl.UnsupportedDtypeError` for an
+    array that is not numeric or bool."""
     chunks: list[tuple[str, list[Any]]] = []
     docs: list[tuple[str, list[Any]]] = []
     for name, arr in arrays.items():
-        for key, parts in encode_array_parts(name, arr, compression):
+        for key, parts in _array_members(name, arr, Compression(compression), chunk_bytes):
             (docs if key.endswith("zarr.json") else chunks).append((key, parts))
-    return [*chunks, *docs, ("zarr.json", [group_document(attributes)])]
+    return EncodedBatch([*chunks, *docs, ("zarr.json", [group_document(attributes)])])

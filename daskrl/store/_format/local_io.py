@@ -5,8 +5,7 @@ zarr's ``LocalStore`` runs every get and set through its event-loop thread and a
 or reading a 4096-frame batch of low-dimensional observations.  The commit protocol makes most
 of that unnecessary:
 
-* an attempt's container (``batches/<id>-<attempt>.zip``; in format 1.x every file of an
-  attempt directory) is written in place with an exclusive create (never overwriting
+* an attempt's container (``batches/<id>-<attempt>.zip``) is written in place with an exclusive create (never overwriting
   anything): its name is fresh, and no reader looks at it before its commit record exists, so a
   torn file is never seen (a crash leaves an uncommitted attempt for the garbage collector);
 * the commit record is the one write that must be atomic *and* exclusive: it is written to a
@@ -31,9 +30,8 @@ from daskrl.errors import StoreFormatError
 
 __all__ = ["MAX_DOCUMENT_BYTES", "UnsafeFileError", "check_dirs", "create_exclusive", "listdir",
            "open_regular", "read_file", "thread_pool", "write_new_file",
-           "write_new_file_at", "write_new_files"]
+           "write_new_file_at"]
 
-_PARALLEL_BYTES = 4 << 20
 _IOV_MAX = 512
 _POOLS: dict[str, tuple[int, concurrent.futures.ThreadPoolExecutor]] = {}
 _POOL_LOCK = threading.Lock()
@@ -175,26 +173,6 @@ def _write_one(path: str, parts: Sequence[Any]) -> None:
             view = memoryview(part).cast("B")
             while view:  # a raw file may write less than asked
                 view = view[f.write(view):]
-
-
-def write_new_files(root: Path, files: Sequence[tuple[str, Sequence[Any]]],
-                    pool: concurrent.futures.Executor | None = None) -> None:
-    """Create every ``(key, buffers)`` under ``root`` (the file holds the buffers in order);
-    none may exist yet (``FileExistsError``).
-
-    Large batches are written by ``pool`` when given (file writes release the GIL).
-    """
-    dirs = {os.path.dirname(os.path.join(root, k)) for k, _ in files}
-    for d in sorted(dirs, key=len):
-        os.makedirs(d, exist_ok=True)
-    total = sum(memoryview(p).nbytes for _, parts in files for p in parts)
-    if pool is not None and total >= _PARALLEL_BYTES and len(files) > 1:
-        futures = [pool.submit(_write_one, os.path.join(root, k), d) for k, d in files]
-        for fut in futures:
-            fut.result()
-        return
-    for k, d in files:
-        _write_one(os.path.join(root, k), d)
 
 
 def byte_views(buffers: Sequence[Any]) -> list[memoryview]:

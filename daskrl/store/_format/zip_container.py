@@ -16,8 +16,8 @@ Only what daskrl needs is written and accepted:
 * no archive comment: the end record is the file's last 22 bytes.
 
 This module builds archives from buffers without copying them (the archive is a list of parts:
-header bytes and the callers' buffers) and parses and validates central directories; file and
-network I/O live with the callers.
+header bytes and the callers' buffers) and parses and validates central directories; I/O lives
+with the callers (:mod:`.encode` and the writer, :mod:`.index` and :mod:`.read` for readers).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from typing import Any
 # needs one per member, over every byte of the batch.
 from zlib_ng.zlib_ng import crc32 as _crc32
 
+from daskrl.errors import StoreFormatError
+
 __all__ = [
     "END_SIZE",
     "LOCAL_HEADER_SIZE",
@@ -43,6 +45,7 @@ __all__ = [
     "check_local_header",
     "crc32",
     "find_directory",
+    "mask_crcs",
     "parse_directory",
     "plan_archive",
 ]
@@ -64,12 +67,10 @@ _MAX32, _MAX16 = 0xFFFFFFFF, 0xFFFF
 _DOS_DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01: member times carry no information
 _MADE_BY = (3 << 8) | 45  # Unix, ZIP 4.5
 _FILE_MODE = (0o100644 << 16)
-MAX_DIRECTORY_BYTES = 64 << 20
-"""Largest central directory a reader accepts (about a million members)."""
 _BAD_NAME = re.compile(r"[\x00-\x1f\\]|(?:^|/)\.{0,2}(?:/|$)")
 
 
-class ZipFormatError(ValueError):
+class ZipFormatError(StoreFormatError, ValueError):
     """An archive outside what this module writes and accepts."""
 
 
@@ -230,13 +231,15 @@ class Directory:
     archive_size: int
 
 
-def find_directory(tail: bytes, tail_offset: int | None, archive_size: int | None) -> Directory:
+def find_directory(tail: bytes, tail_offset: int | None, archive_size: int | None,
+                   max_directory_bytes: int = 64 << 20) -> Directory:
     """Locate the central directory from the archive's last bytes ``tail``.
 
     ``tail_offset`` is where ``tail`` starts in the archive and ``archive_size`` the archive's
     size, when known (a local file); otherwise the size follows from the end records (the
     directory must end where they begin) and ``tail_offset`` from it.  Raises
-    :class:`ZipFormatError` when the end records are missing or inconsistent.
+    :class:`ZipFormatError` when the end records are missing or inconsistent, or describe a
+    directory larger than ``max_directory_bytes``.
     """
     if len(tail) < END.size:
         raise ZipFormatError(f"{len(tail)} bytes are too few for a zip archive")
@@ -270,8 +273,11 @@ def find_directory(tail: bytes, tail_offset: int | None, archive_size: int | Non
     if tail_offset is not None and tail_offset + len(tail) != size:
         raise ZipFormatError(f"the end records describe an archive of {size} bytes, which does "
                              f"not end where the file does ({tail_offset + len(tail)})")
-    if cd_size > MAX_DIRECTORY_BYTES or cd_size < n * CENTRAL_HEADER.size:
+    if cd_size < n * CENTRAL_HEADER.size:
         raise ZipFormatError(f"a central directory of {cd_size} bytes for {n} members")
+    if cd_size > max_directory_bytes:
+        raise ZipFormatError(f"a central directory of {cd_size} bytes, more than the "
+                             f"{max_directory_bytes} accepted (ReadLimits.max_directory_bytes)")
     return Directory(cd_offset, cd_size, n, size)
 
 
@@ -279,35 +285,19 @@ def parse_directory(data: bytes | memoryview, directory: Directory) -> tuple[lis
     """Members of the central directory ``data`` (exactly ``directory.size`` bytes), sorted by
     offset, and their CRC-32 by name; checked: stored members only, no encryption or data
     descriptors, safe unique names, and member extents that lie before the directory without
-    overlapping.
-
-    Batches of one shape have directories that differ in their CRC-32 fields only: a directory
-    equal to one already checked, CRCs aside, is not parsed and checked again.
-    """
+    overlapping."""
     if len(data) != directory.size:
         raise ZipFormatError(f"central directory holds {len(data)} bytes, expected {directory.size}")
-    masked = _mask_crcs(data, directory.count)
-    if masked is not None:
-        key = (directory, bytes(masked[0]))
-        hit = _DIRECTORIES.get(key)
-        if hit is not None:
-            return hit[0], dict(zip(hit[1], masked[1]))
-    members, crcs = _parse_directory(memoryview(data), directory)
-    if masked is not None:
-        if len(_DIRECTORIES) >= _DIRECTORIES_MAX:
-            _DIRECTORIES.clear()
-        _DIRECTORIES[key] = (members, list(crcs))
-    return members, crcs
+    return _parse_directory(memoryview(data), directory)
 
 
-_DIRECTORIES: dict[tuple[Directory, bytes], tuple[list[Member], list[str]]] = {}
-_DIRECTORIES_MAX = 256
 _ENTRY_TAIL = struct.Struct("<16xI8xHHH")
 
 
-def _mask_crcs(data: bytes | memoryview, count: int) -> tuple[bytearray, list[int]] | None:
+def mask_crcs(data: bytes | memoryview, count: int) -> tuple[bytearray, list[int]] | None:
     """The directory with its CRC-32 fields zeroed, and those CRCs in entry order (None when the
-    entries do not tile the directory: the full parse reports why)."""
+    entries do not tile the directory: the full parse reports why).  Batches of one shape have
+    directories equal but for their CRCs: the masked bytes are a cache key for the parse."""
     out = bytearray(data)
     crcs = []
     pos = 0
@@ -403,7 +393,7 @@ def _zip64_fields(extra: memoryview, csize: int, usize: int, offset: int, disk: 
     return csize, usize, offset, disk
 
 
-def check_local_header(header: bytes | memoryview, member: Member, crc: int) -> None:
+def check_local_header(header: bytes | bytearray | memoryview, member: Member, crc: int) -> None:
     """Check that the local header read at ``member.offset`` (``30 + len(name)`` bytes) agrees
     with the central directory and carries no extra field."""
     raw = member.name_bytes

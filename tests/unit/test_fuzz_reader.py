@@ -5,8 +5,8 @@ another exception, never a crash, a hang or an unbounded allocation.
 
 Hypothesis runs in a child process under a memory limit and a timeout (a crash or a hang must
 fail the test, not end the test run), seeded (``derandomize=True``) and bounded: the same
-examples every run, about 30-60 s on a 2-core machine.  ``DASKRL_FUZZ_EXAMPLES`` sets the
-number of examples per target (default 80).
+examples every run, a few seconds per target in the unit tier.  ``DASKRL_FUZZ_EXAMPLES`` sets
+the number of examples per target (default 12; e.g. 500 for a longer hunt).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = int(os.environ.get("DASKRL_FUZZ_EXAMPLES", "80"))
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = int(os.environ.get("DASKRL_FUZZ_EXAMPLES", "12"))
 MEMORY_LIMIT = 3 << 30
 """Address space a child may allocate (RLIMIT_DATA): far more than any example needs."""
 
@@ -33,7 +33,8 @@ MEMORY_LIMIT = 3 << 30
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("target", ["container", "member", "record"])
 def test_fuzzed_stores_read_correctly_or_raise_a_daskrl_error(target):
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "unit")])}
     code = (f"import resource; resource.setrlimit(resource.RLIMIT_DATA, ({MEMORY_LIMIT}, "
             f"{MEMORY_LIMIT})); import test_fuzz_reader as f; f.run({target!r}, {EXAMPLES})")
     try:
@@ -53,10 +54,9 @@ def _originals(base: Path) -> tuple[Path, dict[int, dict[str, np.ndarray]]]:
     chunk, written by daskrl; and the arrays of each batch."""
     from sample_batches import sample_meta
 
+    from daskrl.config import Compression
     from daskrl.store import TrajectoryStore
-    from daskrl.store._format import encode as zarr_encode
-
-    zarr_encode.CHUNK_BYTES = 1024  # several chunks per array, the last one padded
+    from daskrl.store._format import encode_batch
     root = base / "orig"
     w = TrajectoryStore(str(root), read_only=False)
     w.initialize()
@@ -73,7 +73,12 @@ def _originals(base: Path) -> tuple[Path, dict[int, dict[str, np.ndarray]]]:
             "episode_id": np.broadcast_to(np.arange(E) + (bid << 24), (T, E)).astype(np.int64),
             "truncated": np.zeros((T, E), bool),
         }
-        w.write_batch(bid, arrays, sample_meta(T, E), compression=comp)
+        path, _ = w.write_batch(bid, arrays, sample_meta(T, E), compression=comp)
+        # the same batch in chunks of 1 KiB: several per array, the last one padded
+        small = encode_batch({**sample_meta(T, E), "batch_id": bid, "path": path}, arrays,
+                             Compression(comp), chunk_bytes=1024)
+        (root / path).write_bytes(b"".join(bytes(memoryview(p).cast("B"))
+                                           for p in small.parts()))
         batches[bid] = arrays
     return root, batches
 
@@ -118,6 +123,17 @@ def _json_replace(doc, path: list[int], value):
     return [*doc[:i], _json_replace(doc[i], path[1:], value), *doc[i + 1:]]
 
 
+def _limits():
+    """The reader's bounds as in production, but a smaller free allowance so that examples
+    that declare huge arrays of absent chunks stay quick."""
+    from daskrl.store import ReadLimits
+
+    return ReadLimits(free_bytes=16 << 20)
+
+
+_LIMITS = None
+
+
 def _check_read(url: str, batches: dict[int, dict[str, np.ndarray]], exact: bool) -> None:
     """Everything a learner reads from a store; only DaskrlErrors may come out.  With
     ``exact``, whatever loads must equal what was written (the mutation could only damage, not
@@ -130,7 +146,7 @@ def _check_read(url: str, batches: dict[int, dict[str, np.ndarray]], exact: bool
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", daskrl.StoreRecordWarning)
         try:
-            store = daskrl.open_store(url)
+            store = daskrl.open_store(url, read_limits=_LIMITS)
         except daskrl.DaskrlError:
             return
         for call in (store.batch_ids, store.runs, store.skipped_records, lambda: store.frames,
@@ -180,11 +196,8 @@ def run(target: str, examples: int) -> None:
     from hypothesis import strategies as st
 
     from daskrl._checksums import crc32c
-    from daskrl.store._format import zip_decode
-
-    # the reader's bounds as in production, but a smaller free allowance so that examples that
-    # declare huge arrays of absent chunks stay quick
-    zip_decode._FREE_BYTES = 16 << 20
+    global _LIMITS
+    _LIMITS = _limits()
     base = Path(tempfile.mkdtemp(prefix="daskrl-fuzz-"))
     orig, batches = _originals(base)
     containers = sorted((orig / "batches").glob("*.zip"))

@@ -19,8 +19,18 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import MemoryStore, ZipStore
 
 import daskrl
-from daskrl import StoreFormatError, zip_container, zip_decode
-from daskrl.store import TrajectoryStore
+from daskrl import StoreFormatError
+from daskrl.config import Compression
+from daskrl.errors import ArrayNotFoundError, UnsupportedDtypeError
+from daskrl.store import ReadLimits, TrajectoryStore
+from daskrl.store._format import (
+    BytesSource,
+    FileSource,
+    encode_batch,
+    read_batch,
+    read_index,
+    zip_container,
+)
 
 
 def _write(tmp_path, arrays=None, compression="none"):
@@ -34,17 +44,20 @@ def _write(tmp_path, arrays=None, compression="none"):
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
-def test_members_are_byte_identical_to_zarr_python(tmp_path, monkeypatch, compression):
+def test_members_are_byte_identical_to_zarr_python(tmp_path, compression):
     """The zip's members are exactly the files zarr-python writes for the same arrays (several
-    chunks, a padded edge chunk); zipfile and zarr's ZipStore read the container."""
+    chunks, a padded edge chunk); zipfile, zarr's ZipStore and daskrl's reader read it."""
     from daskrl.store._format import encode as zarr_encode
 
-    monkeypatch.setattr(zarr_encode, "CHUNK_BYTES", 4096)
     rng = np.random.default_rng(2)
     arrays = {"observation": rng.standard_normal((37, 5, 10)).astype(np.float32),
               "action": rng.integers(0, 4, (37, 5)).astype(np.int64),
               "done": rng.random((37, 5)) < 0.1}
-    _, zpath, path = _write(tmp_path, arrays, compression)
+    path = "batches/000000000000-0123456789ab.zip"
+    batch = encode_batch({**_meta(37, 5), "batch_id": 0, "path": path}, arrays,
+                         Compression(compression), chunk_bytes=4096)
+    zpath = tmp_path / "b.zip"
+    zpath.write_bytes(b"".join(bytes(memoryview(p).cast("B")) for p in batch.parts()))
     comp = {"zstd": [zarr.codecs.ZstdCodec(level=1)], "none": []}
     ref_store = MemoryStore()
     for name, a in arrays.items():
@@ -52,7 +65,7 @@ def test_members_are_byte_identical_to_zarr_python(tmp_path, monkeypatch, compre
             cname="lz4", clevel=1, shuffle="shuffle", typesize=a.dtype.itemsize)]
             if compression == "lz4" else [])
         ref = zarr.create_array(ref_store, name=name, shape=a.shape, dtype=a.dtype,
-                                chunks=(zarr_encode.chunk_rows(a), *a.shape[1:]),
+                                chunks=(zarr_encode.chunk_rows(a, 4096), *a.shape[1:]),
                                 compressors=[*c, zarr.codecs.Crc32cCodec()], fill_value=0,
                                 dimension_names=("time", "env", *[None] * (a.ndim - 2)),
                                 config={"write_empty_chunks": True})
@@ -76,6 +89,13 @@ def test_members_are_byte_identical_to_zarr_python(tmp_path, monkeypatch, compre
     group = zarr.open_group(ZipStore(zpath, mode="r"), mode="r")
     for name, a in arrays.items():
         np.testing.assert_array_equal(group[name][...], a)
+    for src in (FileSource(tmp_path, "b.zip", "b"), BytesSource(zpath.read_bytes(), "b")):
+        index = read_index(src)
+        assert index.arrays == sorted(arrays) and len(index.chunks["observation"]) == 2
+        got = read_batch(src, index)
+        src.close()
+        for name, a in arrays.items():
+            np.testing.assert_array_equal(got[name], a)
 
 
 def test_zero_size_large_and_unicode_members_and_zip64_records(tmp_path):
@@ -236,7 +256,9 @@ def test_a_small_container_cannot_make_the_reader_allocate_without_bound(tmp_pat
              | {"reward/zarr.json": json.dumps(doc).encode()})
     size = zpath.stat().st_size
     _refused(url, path, f"its arrays would decode to {(1 << 36) * 4 + 6 * 2 * 13} bytes from a "
-                        f"container of {size} bytes (more than {zip_decode.MAX_EXPANSION}x")
+                        f"container of {size} bytes (more than {ReadLimits().max_expansion}x; "
+                        "if this store is trusted, raise it: open_store(url, "
+                        "read_limits=ReadLimits(max_expansion=...))")
     assert daskrl.open_store(url).load(0, keys=["terminated"])["terminated"].shape == (6, 2)
 
 
@@ -258,3 +280,36 @@ def test_a_grid_of_mostly_absent_chunks_is_refused(tmp_path):
     doc["chunk_grid"]["configuration"]["chunk_shape"] = [1, 2]
     _rewrite(zpath, members | {"reward/zarr.json": json.dumps(doc).encode()})
     _refused(url, path, f"its arrays have {(1 << 20) + 2} chunks, the container 3 chunk members")
+
+
+def test_read_limits_are_options_of_the_store(tmp_path):
+    """Tighter limits refuse a batch the defaults read, naming the option to raise."""
+    url, zpath, _ = _write(tmp_path, {"reward": np.zeros((1000, 8), np.float32)}, "zstd")
+    assert zpath.stat().st_size * 2 < 32000  # the batch decodes to more than twice its file
+    tight = ReadLimits(free_bytes=1, max_expansion=2)
+    with pytest.raises(StoreFormatError, match=re.escape("read_limits=ReadLimits(max_expansion=")):
+        daskrl.open_store(url, read_limits=tight).load(0)
+    with pytest.raises(StoreFormatError, match=re.escape("metadata documents hold at most 10 ")):
+        daskrl.open_store(url, read_limits=ReadLimits(max_document_bytes=10)).load(0)
+    with pytest.raises(StoreFormatError, match=re.escape("ReadLimits.max_directory_bytes")):
+        daskrl.open_store(url, read_limits=ReadLimits(max_directory_bytes=100)).load(0)
+    assert daskrl.open_store(url).load(0)["reward"].shape == (1000, 8)
+    with pytest.raises(daskrl.ConfigError, match=re.escape("ReadLimits.max_expansion must be a positive")):
+        ReadLimits(max_expansion=0)
+
+
+def test_a_missing_array_is_an_array_not_found_error_listing_the_arrays(tmp_path):
+    url, _, path = _write(tmp_path)
+    with pytest.raises(ArrayNotFoundError, match=re.escape(
+            f"batch 0 ({path!r}) has no array 'ghost'; it has "
+            "['observation', 'reward', 'terminated']")) as e:
+        daskrl.open_store(url).load(0, keys=["ghost"])
+    assert isinstance(e.value, KeyError)
+
+
+def test_an_object_array_is_an_unsupported_dtype_error(tmp_path):
+    w = TrajectoryStore(str(tmp_path / "s"), read_only=False)
+    w.initialize()
+    arrays = {**_arrays(), "names": np.array([["a", "b"]] * 6, dtype=object)}
+    with pytest.raises(UnsupportedDtypeError, match="dtype object cannot be stored"):
+        w.write_batch(0, arrays, _meta())

@@ -1,0 +1,274 @@
+"""A batch's index: its container's directory and its arrays' validated metadata.
+
+:func:`read_index` reads the container's last bytes (one small read locally, one suffix request
+remotely: a batch smaller than :data:`~._limits.REMOTE_TAIL_BYTES` arrives whole), then, before
+any chunk is read, checks:
+
+* the container (:mod:`.zip_container`: stored members only, no encryption, safe unique names,
+  member extents inside the file and not overlapping);
+* every member name: ``zarr.json``, ``<array>/zarr.json`` or a chunk key ``<array>/c...`` of an
+  array that has a ``zarr.json`` (array names are identifiers);
+* each requested array's ``zarr.json`` against the allowlist (:mod:`.allowlist`), and its chunk
+  members: keys of its grid, none larger than a chunk of it can be (a missing chunk reads as
+  fill);
+* the arrays' decoded size against the file's and their number of chunks against the
+  container's (:class:`~._limits.ReadLimits`), so that a small untrusted file cannot make the
+  reader allocate or loop without bound.
+
+Batches of one shape repeat the same directory (CRC-32 fields aside) and the same documents:
+one bounded cache (:data:`_CACHE`) keeps what was parsed and accepted, so that reading many
+batches parses each shape once.  Nothing unaccepted is ever cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from daskrl.errors import ArrayNotFoundError, BatchDataMissingError, StoreFormatError
+from daskrl.store._format import zip_container as zc
+from daskrl.store._format._limits import (
+    DEFAULT_LIMITS,
+    LOCAL_TAIL_BYTES,
+    REMOTE_TAIL_BYTES,
+    ReadLimits,
+)
+from daskrl.store._format._source import ByteSource
+from daskrl.store._format.allowlist import ArrayLayout, parse_array_document
+
+__all__ = ["BatchIndex", "read_index", "refuse"]
+
+_MEMBER = re.compile(r"(?:([^/]+)/)?(zarr\.json|c(?:/\d+)*|c(?:\.\d+)+)")
+
+_CACHE: dict[tuple[Any, ...], Any] = {}
+"""The reader's one cache, bounded by :data:`_CACHE_MAX` entries (cleared when full): directory
+structures by ``("directory", Directory, directory bytes with CRCs zeroed)`` and accepted array
+layouts by ``("document", zarr.json bytes)``."""
+_CACHE_MAX = 4096
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Structure:
+    """A checked directory's members by role (the same for every batch of one shape)."""
+
+    members: list[zc.Member]
+    names: list[str]
+    """Member names in directory-entry order (the order of its CRC-32 fields)."""
+    docs: dict[str, zc.Member]
+    chunks: dict[str, dict[str, zc.Member]]
+    largest: dict[str, zc.Member]
+
+
+@dataclasses.dataclass
+class BatchIndex:
+    """A validated container: its members by array, the validated layouts of the arrays asked
+    for so far, and the bytes already read."""
+
+    name: str
+    """The container, as messages name it (the source's name)."""
+    size: int
+    """Bytes of the container."""
+    docs: dict[str, zc.Member]
+    """Each array's ``zarr.json`` member."""
+    chunks: dict[str, dict[str, zc.Member]]
+    """Each array's chunk members by key suffix (``c/0/0``)."""
+    crcs: dict[str, int]
+    """Each member's CRC-32 by name."""
+    largest: dict[str, zc.Member]
+    """Each array's largest chunk member."""
+    tail_offset: int
+    tail: bytes
+    """The container's last bytes, already read."""
+    layouts: dict[str, ArrayLayout] = dataclasses.field(default_factory=dict)
+    """Validated layouts of the arrays asked for (all of them unless ``names`` was given)."""
+
+    @property
+    def arrays(self) -> list[str]:
+        """Names of the container's arrays, sorted."""
+        return sorted(self.docs)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of all chunk data (what compression shrinks)."""
+        return sum(m.size for c in self.chunks.values() for m in c.values())
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes the validated arrays decode to."""
+        return sum(math.prod(lay.shape) * lay.dtype.itemsize for lay in self.layouts.values())
+
+    def cached(self, m: zc.Member) -> memoryview | None:
+        """Header and data of member ``m`` if they lie in the bytes already read."""
+        if m.offset >= self.tail_offset:
+            return memoryview(self.tail)[m.offset - self.tail_offset:m.end - self.tail_offset]
+        return None
+
+
+def refuse(where: str, problem: str) -> StoreFormatError:
+    """The error for a container outside what daskrl writes and reads."""
+    return StoreFormatError(
+        f"{where}: {problem}. daskrl reads only the uncompressed zip containers of store format "
+        "2.x (stored members named zarr.json, <array>/zarr.json and <array>/c/...) and refuses "
+        "anything else; this batch was not read. Was the store written by something other "
+        "than daskrl?"
+    )
+
+
+def read_index(source: ByteSource, names: Sequence[str] | None = None, *,
+               limits: ReadLimits = DEFAULT_LIMITS) -> BatchIndex:
+    """The validated index of the container ``source``, with the layouts of its arrays
+    ``names`` (default: all; ``[]`` validates the container alone); no chunk is read.
+
+    Raises :class:`~daskrl.StoreFormatError` for anything outside the format or ``limits``,
+    :class:`~daskrl.ArrayNotFoundError` for a name the batch does not have and
+    :class:`~daskrl.BatchDataMissingError` when the container is gone.
+    """
+    where = source.name
+    try:
+        tail = source.tail(LOCAL_TAIL_BYTES if source.fileno() is not None else REMOTE_TAIL_BYTES)
+        size = source.size()
+    except FileNotFoundError:
+        raise BatchDataMissingError(f"{where}: the container is missing.") from None
+    try:
+        d = zc.find_directory(tail, size - len(tail), size, limits.max_directory_bytes)
+        tail_offset = size - len(tail)
+        if d.offset >= tail_offset:
+            cd: bytes | memoryview = memoryview(tail)[d.offset - tail_offset:d.offset - tail_offset + d.size]
+        else:
+            cd = source.read_ranges([(d.offset, d.size)])[0]
+        structure, crcs = _structure(cd, d, where)
+    except zc.ZipFormatError as e:
+        raise refuse(where, f"its zip container is not accepted: {e}") from None
+    index = BatchIndex(where, size, structure.docs, structure.chunks, crcs, structure.largest,
+                       tail_offset, tail)
+    validate_arrays(source, index, index.arrays if names is None else names, limits)
+    return index
+
+
+def _structure(cd: bytes | memoryview, d: zc.Directory, where: str
+               ) -> tuple[_Structure, dict[str, int]]:
+    masked = zc.mask_crcs(cd, d.count)
+    key = ("directory", d, bytes(masked[0])) if masked is not None else None
+    hit = _CACHE.get(key) if key is not None else None
+    if isinstance(hit, _Structure) and masked is not None:
+        return hit, dict(zip(hit.names, masked[1]))
+    members, crcs = zc.parse_directory(cd, d)
+    docs, chunks = _by_role(members, where)
+    largest = {a: max(c.values(), key=lambda m: m.size) for a, c in chunks.items() if c}
+    structure = _Structure(members, list(crcs), docs, chunks, largest)
+    if key is not None:
+        _remember(key, structure)
+    return structure, crcs
+
+
+def _remember(key: tuple[Any, ...], value: Any) -> None:
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.clear()
+    _CACHE[key] = value
+
+
+def _by_role(members: list[zc.Member], where: str
+             ) -> tuple[dict[str, zc.Member], dict[str, dict[str, zc.Member]]]:
+    """Members by role: each array's ``zarr.json`` and its chunks; anything else is refused."""
+    docs: dict[str, zc.Member] = {}
+    chunks: dict[str, dict[str, zc.Member]] = {}
+    for m in members:
+        match = _MEMBER.fullmatch(m.name)
+        array, leaf = match.groups() if match else (None, None)
+        if match is None or (array is None and leaf != "zarr.json") or (
+                array is not None and not array.isidentifier()):
+            raise refuse(where, f"unexpected zip member {m.name!r} (expected zarr.json, "
+                                "<array>/zarr.json or <array>/c/<i>/...)")
+        if array is None:
+            continue
+        if leaf == "zarr.json":
+            docs[array] = m
+        else:
+            chunks.setdefault(array, {})[str(leaf)] = m
+    for array in chunks:
+        if array not in docs:
+            raise refuse(where, f"zip members {sorted(chunks[array])[:3]} of array {array!r} "
+                                "have no zarr.json")
+    return docs, chunks
+
+
+def validate_arrays(source: ByteSource, index: BatchIndex, names: Sequence[str],
+                    limits: ReadLimits) -> None:
+    """Add the layouts of arrays ``names`` to ``index``, each checked against the allowlist
+    and, all together, against ``limits``."""
+    where = index.name
+    missing = [n for n in names if n not in index.docs]
+    if missing:
+        raise ArrayNotFoundError(f"{where} has no array {missing[0]!r}; it has {index.arrays}.")
+    new = [n for n in names if n not in index.layouts]
+    for name, raw in zip(new, _member_bytes(source, index, [index.docs[n] for n in new], limits)):
+        key = ("document", bytes(raw))
+        lay = _CACHE.get(key)
+        if not isinstance(lay, ArrayLayout):
+            lay = parse_array_document(bytes(raw), f"{where}, array {name!r}")
+            _remember(key, lay)
+        index.layouts[name] = lay
+    # bounds first: a small container must not make the reader allocate or loop without bound
+    decoded = index.decoded_bytes
+    if decoded > max(limits.free_bytes, limits.max_expansion * index.size):
+        raise refuse(where, f"its arrays would decode to {decoded} bytes from a container of "
+                            f"{index.size} bytes (more than {limits.max_expansion}x; "
+                            f"{ReadLimits.how_to_raise('max_expansion')})")
+    n_chunks = sum(math.prod(-(-n // c) for n, c in zip(lay.shape, lay.chunk_shape))
+                   for lay in index.layouts.values())
+    n_members = sum(len(c) for c in index.chunks.values())
+    if n_chunks > max(limits.max_missing_chunks, 2 * n_members):
+        raise refuse(where, f"its arrays have {n_chunks} chunks, the container {n_members} "
+                            "chunk members (a grid of mostly absent chunks; "
+                            f"{ReadLimits.how_to_raise('max_missing_chunks')})")
+    for name in new:
+        _check_members(index, name, index.layouts[name])
+
+
+def _check_members(index: BatchIndex, name: str, lay: ArrayLayout) -> None:
+    members = index.chunks.get(name)
+    big = index.largest.get(name)
+    where = f"{index.name}, array {name!r}"
+    if big is not None and big.size > lay.max_stored_bytes:
+        raise refuse(where, f"zip member {big.name!r} holds {big.size} bytes; a chunk of this "
+                            f"array holds at most {lay.max_stored_bytes}")
+    if members and not lay.grid[1].issuperset(members):
+        extra = sorted(set(members) - lay.grid[1])
+        raise refuse(where, f"zip members {[f'{name}/{k}' for k in extra[:3]]} are not chunks "
+                            f"of its grid (shape {list(lay.shape)}, chunks {list(lay.chunk_shape)})")
+
+
+def _member_bytes(source: ByteSource, index: BatchIndex, members: Sequence[zc.Member],
+                  limits: ReadLimits) -> list[memoryview]:
+    """Data of small members (documents), local headers checked, zip CRC-32 verified."""
+    where = index.name
+    for m in members:
+        if m.size > limits.max_document_bytes:
+            raise refuse(where, f"zip member {m.name!r} holds {m.size} bytes; metadata "
+                                f"documents hold at most {limits.max_document_bytes} "
+                                f"({ReadLimits.how_to_raise('max_document_bytes')})")
+    missing = [m for m in members if index.cached(m) is None]
+    try:
+        got = source.read_ranges([(m.offset, m.end - m.offset) for m in missing])
+    except zc.ZipFormatError as e:
+        raise refuse(where, f"its zip container is not accepted: {e}") from None
+    fetched = dict(zip((m.name for m in missing), got))
+    out = []
+    for m in members:
+        raw = index.cached(m)
+        if raw is None:
+            raw = memoryview(fetched[m.name])
+        head = m.data_offset - m.offset
+        try:
+            zc.check_local_header(raw[:head], m, index.crcs[m.name])
+        except zc.ZipFormatError as e:
+            raise refuse(where, str(e)) from None
+        data = raw[head:]
+        if zc.crc32_update(data) != index.crcs[m.name]:
+            raise StoreFormatError(f"{where}: zip member {m.name!r} fails its CRC-32: the "
+                                   "container is corrupt or was modified.")
+        out.append(data)
+    return out
