@@ -117,7 +117,8 @@ def test_weights_lost_with_their_worker_are_scattered_again(own_cluster, tmp_pat
         it = iter(collector)
         next(it)
         collector.update_weights(policy)
-        name = collector._weights_name(collector.weights_version)
+        [name] = [n for n in client.list_datasets()
+                  if n.endswith(f"-weights-v{collector.weights_version}")]
         key = client.get_dataset(name).key
         # Kill every worker holding the newest weights: Dask cannot recompute scattered data.
         for worker, held in client.run(lambda dask_worker: key in dask_worker.data).items():
@@ -210,7 +211,7 @@ def test_ctrl_c_during_iteration_stops_tasks_and_keeps_a_users_cluster(client, t
         for _ in collector:
             pass
     timer.cancel()
-    assert not collector._pending and client.status == "running"
+    assert collector.in_flight == 0 and client.status == "running"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(client.processing().values()):
         time.sleep(0.05)
@@ -225,7 +226,8 @@ def test_garbage_collected_collector_releases_everything(client, tmp_path):
                                  client=client, envs_per_worker=2, frames_per_batch=10,
                                  total_frames=None)
     next(iter(collector))
-    name = collector._plugin_name
+    [name] = [n for p in client.run(lambda dask_worker: list(dask_worker.plugins)).values()
+              for n in p if n.startswith("daskrl-")][:1]
     del collector
     gc.collect()
     deadline = time.monotonic() + 10
