@@ -9,7 +9,6 @@ the caller with an asynchronous one: both get the same checks and the same fault
 
 from __future__ import annotations
 
-import logging
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping
@@ -19,9 +18,16 @@ import torch
 from distributed import Client, Future, LocalCluster
 
 from daskrl.collect._checks import check_policy_output, check_probe
-from daskrl.collect._lifecycle import Closing, State, WeightsVersion
+from daskrl.collect._lifecycle import (
+    Closing,
+    State,
+    WeightsVersion,
+    field_values,
+    finalize,
+    release,
+)
 from daskrl.collect._run import Run
-from daskrl.collect._supervisor import Workers, scheduler
+from daskrl.collect._supervisor import Workers
 from daskrl.config import CollectorConfig, CollectorOptions
 from daskrl.deploy._cluster import local_cluster
 from daskrl.deploy._versions import acheck_versions
@@ -39,8 +45,6 @@ from daskrl.worker._envs import EnvLike, EnvSpec
 from daskrl.worker._plugin import CollectorPlugin, probe_store
 
 __all__ = ["Collector"]
-
-logger = logging.getLogger(__name__)
 
 
 class Collector:
@@ -92,7 +96,7 @@ class Collector:
         self.state = State.CREATED
         self._run: Run | None = None
         # 1. Everything that can be checked on the learner, before any worker spends time.
-        base = dataclasses_asdict(config) if config is not None else {}
+        base = field_values(config) if config is not None else {}
         self.config = CollectorConfig(**{**base, **cast(dict[str, Any], options)})
         cfg = self.config
         check_store_options(normalize_url(store), storage_options)
@@ -120,7 +124,7 @@ class Collector:
         self._plugin_name = f"daskrl-{self._id}"
         self._weights = WeightsPublisher(client, self._plugin_name, self._id,
                                          shared_memory=cfg.shared_memory)
-        self._finalizer = weakref.finalize(self, _finalize, client, own, self._asynchronous,
+        self._finalizer = weakref.finalize(self, finalize, client, own, self._asynchronous,
                                            self._plugin_name, self._weights, cfg.call_timeout)
         self._module: torch.nn.Module | None = module
         if not self._asynchronous:
@@ -361,46 +365,10 @@ class Collector:
         try:
             if self._run is not None:
                 await self._run.supervisor.cancel_all()
-            await _release(self.client, self._plugin_name, self._weights,
+            await release(self.client, self._plugin_name, self._weights,
                            self.config.call_timeout)
         finally:
             self.state = State.CLOSED
             if self._asynchronous:
                 self._finalizer.detach()
                 self._weights.segments.close()
-
-
-async def _release(client: Client, plugin_name: str, weights: WeightsPublisher,
-                   timeout: float) -> None:
-    """Unpublish every weights version and unregister the worker plugin."""
-    workers = Workers(client, timeout, [])
-    await weights.close(workers if client.status == "running" else None)
-    if client.status != "running":
-        return
-    try:  # the scheduler tells every worker (a cut-off one too): bounded
-        await workers.bounded("unregistering the worker plugin",
-                              scheduler(client).unregister_worker_plugin(name=plugin_name))
-    except Exception:  # never registered, or the cluster is gone
-        logger.debug("could not unregister %s", plugin_name, exc_info=True)
-
-
-def _finalize(client: Client, cluster: LocalCluster | None, asynchronous: bool,
-              plugin_name: str, weights: WeightsPublisher, timeout: float) -> None:
-    """Release what a collector holds (run by close(), or when it is garbage-collected)."""
-    if not asynchronous:  # an asynchronous client's loop cannot be waited on here
-        try:
-            if client.status == "running" and (weights.snapshots or weights.futures):
-                client.sync(_release, client, plugin_name, weights, timeout)
-        except Exception:  # the cluster may already be gone
-            logger.debug("could not release %s", plugin_name, exc_info=True)
-    weights.segments.close()
-    if cluster is not None:
-        client.close()
-        cluster.close()
-
-
-def dataclasses_asdict(config: CollectorConfig) -> dict[str, Any]:
-    """A config's fields (shallow: its mappings stay as they are)."""
-    import dataclasses
-
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
