@@ -10,11 +10,21 @@ import dataclasses
 import enum
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from daskrl.errors import ConfigError
+from daskrl.worker._devices import DeviceSetting, check_device_setting
+from daskrl.worker._envs import check_env_vars
 
-__all__ = ["CollectorConfig", "Compression", "check_seconds"]
+__all__ = ["CollectorConfig", "CollectorOptions", "Compression", "check_seconds"]
+
+MAX_FRAMES_PER_BATCH = 1 << 24
+"""Frames of one batch must stay below this (batch data is indexed with 24 bits)."""
+
+LEARNER_SIDE = ("device", "env_kwargs", "env_vars", "lost_workers_timeout", "call_timeout",
+                "shared_memory")
+"""Fields about where and how this run's collection happens, not what it collects: not
+stored with the run (:meth:`CollectorConfig.as_dict`)."""
 
 
 class Compression(str, enum.Enum):
@@ -89,10 +99,29 @@ class CollectorConfig:
     are collected again with the newest weights, so the learner still gets ``total_frames``.
     A dropped batch stays committed in the store (it is real data, and commits are never
     undone); ``Collector.summary()["dropped_stale"]`` counts them. ``None``: no limit."""
+    device: DeviceSetting = "auto"
+    """The policy's device on each worker: ``"auto"`` (a GPU if the worker has one), a device,
+    or ``{worker name: device}``."""
+    env_kwargs: Mapping[str, Any] | None = None
+    """Keyword arguments for ``gymnasium.make`` (with an env id)."""
+    env_vars: Mapping[str, Any] | None = None
+    """Environment variables set on every worker before its envs are built."""
+    lost_workers_timeout: float = 60.0
+    """Seconds the cluster may have no worker at all before collection fails."""
+    call_timeout: float = 30.0
+    """Seconds any one call to the cluster on the learner's path may take (publishing or
+    loading weights, probing the store, asking the scheduler); also how long a worker may stay
+    silent before the collector stops using it (its batches are submitted again elsewhere)."""
+    shared_memory: bool = True
+    """Workers on the learner's machine read each weights version from one copy in shared
+    memory instead of receiving it over a socket (Dask transfers for the others)."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
         _positive_int("frames_per_batch", self.frames_per_batch)
+        if self.frames_per_batch >= MAX_FRAMES_PER_BATCH:
+            raise ConfigError(f"frames_per_batch must be below {MAX_FRAMES_PER_BATCH}, "
+                              f"got {self.frames_per_batch}.")
         _positive_int("total_frames", self.total_frames, allow_none=True)
         _positive_int("max_frames_per_traj", self.max_frames_per_traj, allow_none=True)
         _positive_int("init_random_frames", self.init_random_frames, minimum=0)
@@ -121,6 +150,14 @@ class CollectorConfig:
                 f"total_frames={self.total_frames} is not a multiple of envs_per_worker={e}, "
                 f"so it cannot be collected exactly. Use total_frames={lo} or {lo + e}."
             )
+        check_seconds("lost_workers_timeout", self.lost_workers_timeout)
+        check_seconds("call_timeout", self.call_timeout)
+        if not isinstance(self.shared_memory, bool):
+            raise ConfigError(f"shared_memory must be True or False, got {self.shared_memory!r}.")
+        object.__setattr__(self, "device", check_device_setting(self.device))
+        object.__setattr__(self, "env_kwargs", check_mapping("env_kwargs", self.env_kwargs))
+        object.__setattr__(self, "env_vars",
+                           check_env_vars(check_mapping("env_vars", self.env_vars)))
         try:
             object.__setattr__(self, "compression", Compression(self.compression))
         except ValueError:
@@ -154,7 +191,8 @@ class CollectorConfig:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain-JSON form, stored with each run."""
-        d = dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in LEARNER_SIDE}
         d["compression"] = self.compression.value
         return d
 
@@ -166,3 +204,30 @@ def check_mapping(name: str, value: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise ConfigError(f"{name} must be a mapping with string keys, got {value!r}.")
     return dict(value)
+
+
+class CollectorOptions(TypedDict, total=False):
+    """The keyword options of :class:`daskrl.Collector`: the fields of
+    :class:`CollectorConfig` (defaults and validation live there)."""
+
+    envs_per_worker: int
+    frames_per_batch: int
+    total_frames: int | None
+    max_frames_per_traj: int | None
+    init_random_frames: int
+    reset_at_each_iter: bool
+    sync: bool
+    seed: int
+    num_workers: int | None
+    batches_in_flight: int
+    compression: Compression | str
+    batch_timeout: float | None
+    on_env_error: str
+    max_env_restarts: int
+    max_policy_lag: int | None
+    device: DeviceSetting
+    env_kwargs: Mapping[str, Any] | None
+    env_vars: Mapping[str, Any] | None
+    lost_workers_timeout: float
+    call_timeout: float
+    shared_memory: bool

@@ -20,8 +20,8 @@ COUNTING = "daskrl.testing:Counting-v0"
 
 
 def _weight_loads(client: Client, collector: daskrl.Collector) -> dict[str, int]:
-    name = collector._plugin_name
-    return client.run(lambda dask_worker: dask_worker.plugins[name].weight_loads)
+    return client.run(lambda dask_worker: sum(
+        p.weight_loads for n, p in dask_worker.plugins.items() if n.startswith("daskrl-")))
 
 
 def test_total_frames_is_exact_and_the_last_batch_shorter(client, tmp_path):
@@ -151,7 +151,7 @@ def test_embedded_cluster_starts_and_closes(tmp_path):
                           frames_per_batch=10, total_frames=40, num_workers=2) as collector:
         assert len(collector.client.scheduler_info()["workers"]) == 2
         assert len(list(collector)) == 4
-        cluster = collector._own_cluster
+        cluster = collector.client.cluster
     assert collector.client.status == "closed" and cluster.status.name == "closed"
     assert _children() <= before
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import re
@@ -14,8 +15,9 @@ import pytest
 from distributed import Client, SchedulerPlugin
 
 import daskrl
-from daskrl import BatchTimeoutError, DaskrlError, EnvError
+from daskrl import BatchTimeoutError, EnvError
 from daskrl.deploy import local_cluster
+from daskrl.errors import ClusterError
 from daskrl.testing import FaultyEnv, SlowEnv, TagPolicy, check_episode_continuity
 
 pytestmark = pytest.mark.faults
@@ -38,6 +40,40 @@ def _check_store(url: str, n_batches: int, frames: int) -> None:
     check_episode_continuity(store)  # every episode starts at step 0 and runs on unbroken
 
 
+CLIENTS = ["sync-client", "async-client"]
+"""Worker-loss tests run with both kinds of client: both get the same supervision."""
+
+
+def _collect(kind, cluster, client, env, policy, url, on_handle, stop=None, **options):
+    """Iterate a collector on ``cluster`` with a synchronous ``client`` or an asynchronous one
+    of its own; after each handle call ``on_handle(collector, handles)`` (sync; awaiting the
+    weights version it may return); stop when ``stop(handles)``. Return the handles."""
+    handles = []
+    if kind == "sync-client":
+        with daskrl.Collector(env, policy, url, client=client, **options) as collector:
+            for handle in collector:
+                handles.append(handle)
+                on_handle(collector, handles)
+                if stop is not None and stop(handles):
+                    break
+        return handles
+
+    async def main():
+        async with (Client(cluster.scheduler_address, security=cluster.security,
+                           asynchronous=True) as aclient,
+                    daskrl.Collector(env, policy, url, client=aclient, **options) as collector):
+            async for handle in collector:
+                handles.append(handle)
+                # In a thread: the (synchronous) fault injection must not block this loop.
+                version = await asyncio.to_thread(on_handle, collector, handles)
+                if version is not None:
+                    await version
+                if stop is not None and stop(handles):
+                    break
+    asyncio.run(main())
+    return handles
+
+
 @pytest.fixture
 def own_cluster():
     """A cluster of its own: these tests kill its workers."""
@@ -45,23 +81,24 @@ def own_cluster():
         yield cluster, client
 
 
+@pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("how", ["sigkill", "nanny-restart"])
-def test_worker_lost_mid_batch_costs_a_retry_only(own_cluster, tmp_path, how):
-    _, client = own_cluster
+def test_worker_lost_mid_batch_costs_a_retry_only(own_cluster, tmp_path, how, kind):
+    cluster, client = own_cluster
     url = str(tmp_path / "s")
     env = functools.partial(SlowEnv, 0.002)
-    handles = []
-    with daskrl.Collector(env, TagPolicy(), url, client=client, envs_per_worker=2,
-                          frames_per_batch=80, total_frames=80 * 24) as collector:
-        for handle in collector:
-            handles.append(handle)
-            if len(handles) == 4:
-                victim = handles[-1].worker
-                if how == "sigkill":
-                    pid = client.run(os.getpid, workers=[victim])[victim]
-                    os.kill(pid, signal.SIGKILL)
-                else:
-                    client.restart_workers([victim])
+
+    def kill(collector, handles):
+        if len(handles) == 4:
+            victim = handles[-1].worker
+            if how == "sigkill":
+                pid = client.run(os.getpid, workers=[victim])[victim]
+                os.kill(pid, signal.SIGKILL)
+            else:
+                client.restart_workers([victim])
+
+    handles = _collect(kind, cluster, client, env, TagPolicy(), url, kill, envs_per_worker=2,
+                       frames_per_batch=80, total_frames=80 * 24)
     assert sorted(h.batch_id for h in handles) == list(range(24))
     assert sum(h.frames for h in handles) == 80 * 24
     _check_store(url, 24, 80 * 24)
@@ -108,40 +145,45 @@ def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_pa
     _check_store(url, 5, 100)
 
 
-def test_weights_lost_with_their_worker_are_scattered_again(own_cluster, tmp_path):
-    _, client = own_cluster
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_weights_lost_with_their_worker_are_scattered_again(own_cluster, tmp_path, kind):
+    cluster, client = own_cluster
     policy = TagPolicy()
-    with daskrl.Collector("daskrl.testing:Counting-v0", policy, str(tmp_path / "s"),
-                          client=client, envs_per_worker=2, frames_per_batch=10,
-                          total_frames=None, sync=True, shared_memory=False) as collector:
-        it = iter(collector)
-        next(it)
-        collector.update_weights(policy)
-        name = collector._weights_name(collector.weights_version)
-        key = client.get_dataset(name).key
-        # Kill every worker holding the newest weights: Dask cannot recompute scattered data.
-        for worker, held in client.run(lambda dask_worker: key in dask_worker.data).items():
-            if held:
-                os.kill(client.run(os.getpid, workers=[worker])[worker], signal.SIGKILL)
-        got = [next(it) for _ in range(6)]
-        assert {h.weights_version for h in got[-2:]} == {collector.weights_version}
+    newest = []
+
+    def update_then_kill(collector, handles):
+        if len(handles) == 1:
+            return collector.update_weights(policy)
+        if len(handles) == 2:  # version 1 is published: kill every worker holding it
+            newest.append(collector.weights_version)
+            [name] = [n for n in client.list_datasets() if n.endswith(f"-weights-v{newest[0]}")]
+            key = client.get_dataset(name).key
+            # Dask cannot recompute scattered data.
+            for worker, held in client.run(lambda dask_worker: key in dask_worker.data).items():
+                if held:
+                    os.kill(client.run(os.getpid, workers=[worker])[worker], signal.SIGKILL)
+        return None
+
+    got = _collect(kind, cluster, client, "daskrl.testing:Counting-v0", policy,
+                   str(tmp_path / "s"), update_then_kill, lambda h: len(h) == 8,
+                   envs_per_worker=2, frames_per_batch=10, total_frames=None, sync=True,
+                   shared_memory=False)
+    assert newest == [1]
+    assert {h.weights_version for h in got[-2:]} == {1}
 
 
-def test_losing_every_worker_is_an_error_after_a_bounded_wait(tmp_path):
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_losing_every_worker_is_an_error_after_a_bounded_wait(tmp_path, kind):
     with local_cluster(1) as cluster, Client(cluster, set_as_default=False) as client:
-        collector = daskrl.Collector(functools.partial(SlowEnv, 0.01), TagPolicy(),
-                                     str(tmp_path / "s"), client=client, envs_per_worker=1,
-                                     frames_per_batch=50, total_frames=None,
-                                     lost_workers_timeout=3)
-        with collector:
-            it = iter(collector)
-            next(it)
-            cluster.scale(0)
-            t0 = time.monotonic()
-            with pytest.raises(DaskrlError, match="the cluster has had no workers for 3s"):
-                for _ in range(100):
-                    next(it)
-            assert time.monotonic() - t0 < 30
+        def scale_to_zero(collector, handles):
+            if len(handles) == 1:
+                cluster.scale(0)
+
+        with pytest.raises(ClusterError, match="the cluster has had no workers for 3s"):
+            _collect(kind, cluster, client, functools.partial(SlowEnv, 0.01), TagPolicy(),
+                     str(tmp_path / "s"), scale_to_zero, lambda h: len(h) > 100,
+                     envs_per_worker=1, frames_per_batch=50, total_frames=None,
+                     lost_workers_timeout=3)
 
 
 @pytest.mark.parametrize(("fault", "message"), [
@@ -210,7 +252,7 @@ def test_ctrl_c_during_iteration_stops_tasks_and_keeps_a_users_cluster(client, t
         for _ in collector:
             pass
     timer.cancel()
-    assert not collector._pending and client.status == "running"
+    assert collector.in_flight == 0 and client.status == "running"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(client.processing().values()):
         time.sleep(0.05)
@@ -225,7 +267,8 @@ def test_garbage_collected_collector_releases_everything(client, tmp_path):
                                  client=client, envs_per_worker=2, frames_per_batch=10,
                                  total_frames=None)
     next(iter(collector))
-    name = collector._plugin_name
+    [name] = [n for p in client.run(lambda dask_worker: list(dask_worker.plugins)).values()
+              for n in p if n.startswith("daskrl-")][:1]
     del collector
     gc.collect()
     deadline = time.monotonic() + 10

@@ -1,4 +1,8 @@
-"""Running collection metrics, gathered from the handles a collector hands over.
+"""The hand-over of batches to the learner: the policy-lag rule and the running statistics.
+
+:class:`HandOver` decides, for each finished batch, whether the learner gets it (its
+``policy_lag`` set) or it is dropped as too stale (``max_policy_lag``; its frames are then
+collected again), and counts both. No Dask here.
 
 Metrics are data, not log lines: :class:`CollectionStats` only counts, and
 :meth:`daskrl.Collector.summary` returns its figures as a plain dict that a learner logs where it
@@ -8,13 +12,17 @@ wants (the examples use namespaced keys such as ``charts/SPS``).
 from __future__ import annotations
 
 import collections
+import dataclasses
+import logging
 import math
 import time
 from typing import Any
 
 from daskrl.store._handles import BatchHandle
 
-__all__ = ["RECENT_EPISODES", "CollectionStats"]
+__all__ = ["RECENT_EPISODES", "CollectionStats", "HandOver"]
+
+logger = logging.getLogger(__name__)
 
 RECENT_EPISODES = 100
 """``mean_return`` and ``mean_length`` average the last this many finished episodes."""
@@ -87,6 +95,36 @@ class CollectionStats:
             "dropped_frames": self.dropped_frames,
             "workers": workers,
         }
+
+
+class HandOver:
+    """The policy-lag rule (``max_policy_lag``: ``None`` for no limit) and its statistics."""
+
+    def __init__(self, max_policy_lag: int | None) -> None:
+        self.max_policy_lag = max_policy_lag
+        self.stats = CollectionStats()
+
+    def take(self, handle: BatchHandle, newest_version: int) -> BatchHandle | None:
+        """An iterator's batch: the handle with its lag, or None if it is too stale (dropped:
+        the caller collects its ``frames`` again)."""
+        lag = newest_version - handle.weights_version
+        limit = self.max_policy_lag
+        if limit is not None and lag > limit:
+            self.stats.drop(handle)
+            logger.debug("batch %d dropped: policy lag %d > max_policy_lag=%d",
+                         handle.batch_id, lag, limit)
+            return None
+        return self.accept(handle, newest_version)
+
+    def accept(self, handle: BatchHandle, newest_version: int) -> BatchHandle:
+        """A batch the learner takes whatever its lag (``submit()``/``hand_over``)."""
+        handle = dataclasses.replace(handle, policy_lag=newest_version - handle.weights_version)
+        self.stats.record(handle)
+        return handle
+
+    def summary(self) -> dict[str, Any]:
+        """The statistics (see :meth:`daskrl.Collector.summary`)."""
+        return self.stats.summary()
 
 
 def _mean(values: collections.deque[Any]) -> float:

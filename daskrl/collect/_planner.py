@@ -1,0 +1,124 @@
+"""The batch plan: which frames each batch collects, on which stream, under which id.
+
+Pure bookkeeping, no Dask: :class:`Planner` hands out :class:`PlannedBatch` records in order
+(the frame budget of ``total_frames``, one id per batch from the run's id range, each stream's
+previous batch so its envs continue from there) and takes back the frames of batches that must
+be collected again (dropped as too stale). The collector turns a plan into a Dask task.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterator
+
+from daskrl.config import CollectorConfig
+from daskrl.errors import ConfigError
+
+__all__ = ["PlannedBatch", "Planner", "stream_placement"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedBatch:
+    """One batch to collect (the collector adds the weights it runs with)."""
+
+    batch_id: int
+    stream: int
+    previous_batch_id: int | None
+    """The stream's batch before this one: its envs continue from there."""
+    frames: int
+    steps: int
+    random_steps: int
+
+
+class Planner:
+    """Frame budget, streams and batch ids of one run.
+
+    ``first_id`` is the run's first batch id (ids are unique across a store's runs);
+    ``num_streams`` the number of env streams collected in parallel.
+    """
+
+    def __init__(self, config: CollectorConfig, first_id: int, num_streams: int) -> None:
+        if num_streams < 1:
+            raise ConfigError(f"num_streams must be >= 1, got {num_streams}.")
+        self.config = config
+        self.first_id = first_id
+        self.num_streams = num_streams
+        self._schedule: Iterator[int] = config.batch_frames()
+        self._exhausted = False
+        self._requeue: collections.deque[int] = collections.deque()
+        self._next_index = 0
+        self._next_stream = 0
+        self._stream_last: dict[int, int] = {}
+        self.frames_planned = 0
+
+    def requeue(self, frames: int) -> None:
+        """Collect ``frames`` again (a batch of them was dropped); they come first."""
+        self._requeue.append(frames)
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether every frame of the budget is planned (and nothing is requeued)."""
+        if self._requeue:
+            return False
+        return self._exhausted
+
+    def next(self, stream: int | None = None) -> PlannedBatch | None:
+        """Plan the next batch, on ``stream`` (default: the streams in turn); None when the
+        frame budget is spent."""
+        if self._requeue:
+            frames = self._requeue.popleft()
+        else:
+            if self._exhausted:
+                return None
+            got = next(self._schedule, None)
+            if got is None:
+                self._exhausted = True
+                return None
+            frames = got
+        if stream is None:
+            stream = self._next_stream
+            self._next_stream = (self._next_stream + 1) % self.num_streams
+        steps = frames // self.config.envs_per_worker
+        batch_id = self.first_id + self._next_index
+        plan = PlannedBatch(
+            batch_id=batch_id,
+            stream=stream,
+            previous_batch_id=self._stream_last.get(stream),
+            frames=frames,
+            steps=steps,
+            random_steps=self.config.random_steps(self.frames_planned, steps),
+        )
+        self._next_index += 1
+        self._stream_last[stream] = batch_id
+        self.frames_planned += frames
+        return plan
+
+    def round(self) -> list[PlannedBatch]:
+        """``sync=True``: one batch per stream (fewer at the end of the budget)."""
+        return [p for p in (self.next(s) for s in range(self.num_streams)) if p is not None]
+
+    def initial_streams(self) -> list[int]:
+        """``sync=False``: the streams of the first batches, ``batches_in_flight`` each."""
+        return [s for _ in range(self.config.batches_in_flight) for s in range(self.num_streams)]
+
+
+def stream_placement(streams: list[str], stream: int, live: set[str]) -> str:
+    """The worker for ``stream``'s next batch given the current placement ``streams`` (one
+    worker per stream, updated in place) and the ``live`` workers.
+
+    A stream stays on its worker (its envs live there) unless that worker left, or has two
+    streams more than another (a replacement joined): it then moves to the live worker with
+    the fewest streams, and its envs start afresh there at a batch boundary.
+    """
+    current = streams[stream]
+    if not live:
+        return current
+    load = dict.fromkeys(live, 0)
+    for s, w in enumerate(streams):
+        if w in load and s != stream:
+            load[w] += 1
+    idle = min(live, key=lambda w: (load[w], w))
+    if current not in live or load[current] > load[idle]:
+        streams[stream] = idle
+    return streams[stream]

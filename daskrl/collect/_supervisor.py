@@ -1,0 +1,264 @@
+"""Fault supervision on the learner's side: live workers, deadlines, stranded batches.
+
+:class:`Workers` knows which workers the collector uses (those the scheduler lists, less those
+cut off: silent for ``call_timeout`` or a call to them timed out) and bounds every call to the
+cluster by ``call_timeout``. :class:`Supervisor` owns the batches in flight: it submits each to
+its stream's worker, and while the learner waits for the next finished batch it scatters lost
+weights again, submits batches stranded on a departed worker elsewhere, and gives up with
+:class:`~daskrl.errors.ClusterError` after ``lost_workers_timeout`` seconds without workers.
+
+Everything here is a coroutine on the client's event loop: the collector runs it with the
+client's own sync machinery for synchronous clients, so both kinds get the same supervision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from distributed import Client, Future, as_completed
+
+from daskrl.collect._planner import stream_placement
+from daskrl.errors import ClusterError, ClusterTimeoutError, DaskrlError, WeightsNotSharedError
+from daskrl.store._handles import BatchHandle
+from daskrl.weights._publish import WeightsPublisher
+from daskrl.worker._plugin import BatchTask, collect_batch
+
+__all__ = ["Supervisor", "Workers", "scheduler"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_HEALTH_CHECK_S = 0.25
+"""How often the learner checks the cluster while it waits for a batch."""
+
+
+def scheduler(client: Client) -> Any:
+    """The client's connection to the scheduler (its RPC methods are coroutines)."""
+    if client.scheduler is None:
+        raise ClusterError("the client is not connected to a scheduler; start it first.")
+    return client.scheduler
+
+
+class Workers:
+    """The workers a collector uses, and the deadline of every call to the cluster."""
+
+    def __init__(self, client: Client, call_timeout: float, workers: list[str]) -> None:
+        self.client = client
+        self.call_timeout = call_timeout
+        self.live: set[str] = set(workers)
+        self._checked = time.monotonic()
+        # Workers cut off from the cluster: worker -> its last heartbeat when dropped (heard
+        # from again, it is used again; gone from the scheduler, it is forgotten).
+        self.unresponsive: dict[str, Any] = {}
+        self._heard: dict[str, tuple[Any, float]] = {}  # worker -> (last_seen, when it moved)
+
+    def timeout_error(self, what: str) -> ClusterTimeoutError:
+        return ClusterTimeoutError(
+            f"{what} did not complete within call_timeout={self.call_timeout:g}s: the "
+            "scheduler or a worker does not answer. Check the network between the learner, "
+            "the scheduler and the workers, or raise call_timeout."
+        )
+
+    async def bounded(self, what: str, awaitable: Awaitable[T]) -> T:
+        """``await awaitable`` within ``call_timeout``; past it :class:`ClusterTimeoutError`."""
+        try:
+            return await asyncio.wait_for(awaitable, self.call_timeout)
+        except (TimeoutError, asyncio.TimeoutError) as e:
+            raise self.timeout_error(what) from e
+
+    async def refresh(self, force: bool = False) -> set[str]:
+        """The live workers, asking the scheduler if ``force`` or the last answer is over 1 s
+        old; a worker silent for ``call_timeout`` is dropped."""
+        now = time.monotonic()
+        if not force and now - self._checked <= 1.0:
+            return self.live
+        info = await self.bounded("asking the scheduler for its workers",
+                                  scheduler(self.client).identity(n_workers=-1))
+        workers = info.get("workers", {})
+        for w, ws in workers.items():
+            seen = ws.get("last_seen")
+            if self._heard.get(w, (None,))[0] != seen:
+                self._heard[w] = (seen, now)
+        for w in set(self._heard) - set(workers):
+            del self._heard[w]
+        for w in list(self.unresponsive):
+            if w not in workers or workers[w].get("last_seen") != self.unresponsive[w]:
+                del self.unresponsive[w]
+        for w in workers:
+            if self.silent(w) and w not in self.unresponsive:
+                self.drop(w, f"no heartbeat for over {self.call_timeout:g}s")
+        self.live = set(workers) - set(self.unresponsive)
+        self._checked = now
+        return self.live
+
+    def silent(self, worker: str) -> bool:
+        """Whether the scheduler has had no heartbeat from ``worker`` for ``call_timeout``."""
+        heard = self._heard.get(worker)
+        return heard is not None and time.monotonic() - heard[1] > self.call_timeout
+
+    def drop(self, worker: str, why: str) -> None:
+        """Stop using ``worker`` (cut off): its streams and waiting batches move elsewhere."""
+        if worker not in self.unresponsive:
+            logger.warning("worker %s is not responding (%s); collecting without it",
+                           worker, why)
+            self.unresponsive[worker] = self._heard.get(worker, (None,))[0]
+        self.live.discard(worker)
+
+    async def wait_each(self, futures: dict[str, Future], what: str) -> dict[str, Future]:
+        """Wait up to ``call_timeout`` for one task per worker; raise the first task error.
+
+        Return the finished ones. A worker whose task did not finish is dropped if it is also
+        silent (cut off); a busy worker is only logged. None finished: ClusterTimeoutError.
+        """
+        ac = as_completed(list(futures.values()), loop=self.client.loop,
+                          timeout=self.call_timeout)
+        try:
+            async for _ in ac:
+                pass
+        except (TimeoutError, asyncio.TimeoutError):
+            pass
+        done: dict[str, Future] = {}
+        late = []
+        for w, fut in futures.items():
+            if fut.status == "error":
+                await fut  # raises the worker's error, with its traceback
+            if fut.status == "finished":
+                done[w] = fut
+            else:
+                late.append(fut)
+                await self.refresh(force=True)
+                if self.silent(w) or w not in self.live:
+                    self.drop(w, f"{what} took over {self.call_timeout:g}s")
+                else:
+                    logger.warning("worker %s did not finish %s within %gs (busy); going on "
+                                   "without it", w, what, self.call_timeout)
+        if late:
+            await self.client.cancel(late)
+        if futures and not done:
+            raise ClusterTimeoutError(
+                f"no worker finished {what} within call_timeout={self.call_timeout:g}s "
+                f"(workers: {sorted(futures)}). Check that the workers can reach the "
+                "scheduler and each other, or raise call_timeout."
+            )
+        return done
+
+
+class Supervisor:
+    """The batches in flight: submitted to their stream's worker, kept alive until done."""
+
+    def __init__(self, client: Client, plugin_name: str, key_prefix: str, workers: Workers,
+                 weights: WeightsPublisher, stream_workers: list[str],
+                 lost_workers_timeout: float) -> None:
+        self.client = client
+        self.plugin_name = plugin_name
+        self.key_prefix = key_prefix
+        self.workers = workers
+        self.weights = weights
+        self.stream_workers = stream_workers
+        self.lost_workers_timeout = lost_workers_timeout
+        self.pending: dict[Future, BatchTask] = {}
+        """Submitted, not yet handed over."""
+        self.placement: dict[Future, tuple[str, int]] = {}
+        """Batches this supervisor re-dispatches: the worker each is pinned to, its attempt."""
+
+    def dispatch(self, task: BatchTask, attempt: int = 0, supervised: bool = True) -> Future:
+        """Submit ``task`` to its stream's worker (loosely: Dask may run it elsewhere).
+        ``supervised=False``: the caller owns the future (``submit()``); no re-dispatch."""
+        suffix = f"-r{attempt}" if attempt else ""
+        worker = stream_placement(self.stream_workers, task.stream, self.workers.live)
+        fut = self.client.submit(
+            collect_batch, self.plugin_name, task,
+            key=f"daskrl-collect-{self.key_prefix}-{task.batch_id}{suffix}",
+            workers=[worker], allow_other_workers=True, pure=False,
+        )
+        self.pending[fut] = task
+        if supervised:
+            self.placement[fut] = (worker, attempt)
+        return fut
+
+    def new_as_completed(self, futures: list[Future]) -> as_completed:
+        return as_completed(futures, loop=self.client.loop, with_results=True,
+                            raise_errors=False)
+
+    async def next_done(self, ac: as_completed) -> tuple[Future, BatchHandle]:
+        """The next finished batch, keeping the collection healthy meanwhile: lost weights are
+        scattered again, batches stranded on a departed worker are sent elsewhere, and a
+        cluster without workers for ``lost_workers_timeout`` seconds is a ClusterError."""
+        no_workers_since: float | None = None
+        while True:
+            if ac.is_empty():
+                raise DaskrlError("daskrl internal error: waiting with no batch in flight")
+            try:
+                fut, result = await asyncio.wait_for(ac.__anext__(), _HEALTH_CHECK_S)
+            except (TimeoutError, asyncio.TimeoutError):
+                pass
+            else:
+                _, attempt = self.placement.pop(fut, (None, 0))
+                if fut not in self.pending:  # a replaced attempt
+                    continue
+                if fut.status != "finished":
+                    if isinstance(result, WeightsNotSharedError) and attempt < 3:
+                        # A worker off this machine: weights go through Dask, batch again.
+                        await self.weights.stop_sharing(result, self.workers)
+                        task = self.pending.pop(fut)
+                        task = dataclasses.replace(
+                            task, weights=self.weights.ref(task.weights_version))
+                        ac.add(self.dispatch(task, attempt + 1))
+                        continue
+                    await fut  # raises the worker's error, with its traceback
+                return fut, result  # still pending until handed over
+            live = await self.workers.refresh(force=True)
+            if live:
+                no_workers_since = None
+            elif no_workers_since is None:
+                no_workers_since = time.monotonic()
+            elif time.monotonic() - no_workers_since > self.lost_workers_timeout:
+                raise ClusterError(
+                    f"the cluster has had no workers for {self.lost_workers_timeout:.0f}s "
+                    f"({len(self.pending)} batches waiting). Start workers or check the "
+                    "cluster, then collect again (batches committed so far are in the store)."
+                )
+            if live:
+                await self.weights.republish_lost(self.workers)
+                await self._redispatch_stranded(ac, live)
+
+    async def _redispatch_stranded(self, ac: as_completed, live: set[str]) -> None:
+        """Resubmit waiting batches pinned to a worker that left. (Dask keeps a task whose
+        loose restriction names a departed worker unrunnable when no worker was alive at that
+        moment, even after new workers join.)"""
+        stranded = [f for f, (w, _) in self.placement.items() if w not in live and not f.done()]
+        running: dict[Any, str] = {}
+        if stranded or self.workers.unresponsive:
+            processing = await self.workers.bounded(
+                "asking the scheduler what runs where", scheduler(self.client).processing())
+            running = {k: w for w, keys in processing.items() for k in keys}
+        # A batch running on a worker that was cut off is collected again elsewhere (if the
+        # worker comes back and commits it too, the store keeps exactly one of the two).
+        stranded += [f for f in self.placement if not f.done() and f not in stranded
+                     and running.get(f.key) in self.workers.unresponsive]
+        replaced = []
+        for fut in stranded:
+            if fut.key in running and running[fut.key] not in self.workers.unresponsive:
+                continue
+            task = self.pending.pop(fut)
+            _, attempt = self.placement.pop(fut)
+            replaced.append(fut)
+            logger.warning("batch %d was waiting for a departed worker; submitting it again",
+                           task.batch_id)
+            ac.add(self.dispatch(task, attempt + 1))
+        if replaced:
+            await self.client.cancel(replaced)
+
+    async def cancel_all(self) -> None:
+        """Cancel every batch in flight."""
+        pending = list(self.pending)
+        self.pending.clear()
+        self.placement.clear()
+        if pending:
+            await self.client.cancel(pending)

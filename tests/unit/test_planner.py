@@ -1,0 +1,50 @@
+"""The batch plan, without Dask: budget, ids, streams, requeue and stream placement."""
+
+from __future__ import annotations
+
+import pytest
+
+from daskrl.collect._planner import Planner, stream_placement
+from daskrl.config import CollectorConfig
+from daskrl.errors import ConfigError
+
+
+def test_budget_is_exact_ids_follow_and_streams_chain():
+    cfg = CollectorConfig(envs_per_worker=2, frames_per_batch=10, total_frames=34,
+                          init_random_frames=12)
+    p = Planner(cfg, first_id=1000, num_streams=2)
+    plans = list(iter(p.next, None))
+    assert [b.frames for b in plans] == [10, 10, 10, 4]
+    assert [b.batch_id for b in plans] == [1000, 1001, 1002, 1003]
+    assert [b.stream for b in plans] == [0, 1, 0, 1]
+    assert [b.previous_batch_id for b in plans] == [None, None, 1000, 1001]
+    assert [b.random_steps for b in plans] == [5, 1, 0, 0]
+    assert p.exhausted and p.next() is None
+
+
+def test_requeued_frames_come_first_and_rounds_use_every_stream():
+    cfg = CollectorConfig(envs_per_worker=2, frames_per_batch=10, total_frames=20)
+    p = Planner(cfg, first_id=0, num_streams=2)
+    assert [b.stream for b in p.round()] == [0, 1]
+    assert p.next() is None and p.exhausted
+    p.requeue(10)
+    assert not p.exhausted
+    [again] = p.round()
+    assert (again.frames, again.batch_id, again.previous_batch_id) == (10, 2, 0)
+    assert p.round() == []
+    assert Planner(CollectorConfig(batches_in_flight=2), 0, 3).initial_streams() == [
+        0, 1, 2, 0, 1, 2]
+
+
+def test_no_streams_is_refused():
+    with pytest.raises(ConfigError, match="num_streams must be >= 1"):
+        Planner(CollectorConfig(), 0, 0)
+
+
+def test_a_stream_moves_off_a_departed_or_overloaded_worker():
+    streams = ["a", "a", "b"]
+    assert stream_placement(streams, 0, {"a", "b"}) == "a"  # a has 1 other, b has 1
+    assert stream_placement(streams, 2, {"a", "c"}) == "c"  # b left: to the idlest
+    streams = ["a", "a", "a"]
+    assert stream_placement(streams, 1, {"a", "b"}) == "b"  # a replacement joined
+    assert stream_placement(["x"], 0, set()) == "x"  # no worker: stays
