@@ -1,17 +1,11 @@
 """Where a store's bytes live: one small class per storage backend behind one protocol.
 
-:class:`Backend` names what a backend can do (``supports_exclusive_create``,
-``local_root`` for plain file and descriptor access, ``renames_atomically``, ...) so that
-callers never ask which backend they hold.  :class:`LocalBackend` reads and writes a POSIX
-directory with plain file I/O (``O_NOFOLLOW``, no special files: see
-:mod:`daskrl.store._format.local_io`); :class:`FsspecBackend` any fsspec filesystem
-(``memory://``, ``s3://``, ...) through fsspec's public, synchronous API.
-
-A backend also opens a :class:`ByteSource` over one key: the interface the format code reads
-containers through (size, tail, byte ranges in one round trip, a file descriptor if local).
-
-This is the only module of daskrl that touches zarr's storage classes (and only to hand the
-format code, until it reads through byte sources alone, a zarr store of the same place).
+:class:`Backend` names what a backend can do, so callers never ask which one they hold:
+:class:`LocalBackend` (a POSIX directory, plain file I/O with ``O_NOFOLLOW`` and no special
+files, see :mod:`daskrl.store._format.local_io`) and :class:`FsspecBackend` (any fsspec
+filesystem, through fsspec's public synchronous API).  ``backend.byte_source(key)`` opens the
+:class:`ByteSource` the format code reads a container through.  The only module of daskrl that
+touches zarr's storage classes (``zarr_store``, for today's format readers).
 """
 
 from __future__ import annotations
@@ -48,37 +42,31 @@ _EXCLUSIVE_PROTOCOLS = frozenset({"s3", "s3a", "memory"})
 
 
 class ByteSource(Protocol):
-    """Bytes of one object (a batch's container), read by offset."""
+    """Bytes of one object (a batch's container), read by offset; ``name`` is its key."""
 
     name: str
-    """The key, for messages."""
 
     def size(self) -> int: ...
-    def tail(self, n: int) -> bytes:
-        """The last ``n`` bytes (the whole object if it is shorter)."""
-    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        """The bytes of ``(offset, length)`` ranges, in one round trip where the backend can;
-        a range past the end comes back short."""
-    def fileno(self) -> int | None:
-        """An open local file descriptor of the object, or None."""
+    def tail(self, n: int) -> bytes: ...  # the last n bytes (all if the object is shorter)
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]: ...
+    def fileno(self) -> int | None: ...  # an open local file descriptor, or None
     def close(self) -> None: ...
 
 
 class Backend(Protocol):
-    """What the store layer needs of a storage backend; keys are ``/``-separated, relative to
-    the store's root."""
+    """What the store layer needs of a storage backend (keys ``/``-separated, relative to the
+    store's root). Capabilities: ``supports_exclusive_create`` (of two concurrent creates
+    exactly one wins), ``local_root`` (a POSIX directory whose files may be opened directly, or
+    None), ``renames_atomically``, ``leaves_partial_files`` (interrupted writes can leave
+    ``*.partial`` files), ``lists_empty_dirs`` (a listing can show a directory whose files are
+    gone)."""
 
     url: str
     supports_exclusive_create: bool
-    """:meth:`create_exclusive` is atomic: of two concurrent creates exactly one wins."""
     local_root: str | None
-    """A POSIX directory (the store's root) whose files may be opened directly, or None."""
     renames_atomically: bool
-    """:meth:`rename` is atomic (POSIX ``rename``)."""
     leaves_partial_files: bool
-    """Interrupted writes can leave ``*.partial`` temporary files (local writes do)."""
     lists_empty_dirs: bool
-    """Listings can show a directory whose files are gone (object stores have no directories)."""
 
     def read_document(self, key: str, limit: int, checked: set[str] | None = None
                       ) -> bytes | None: ...
