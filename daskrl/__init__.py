@@ -21,6 +21,7 @@ from daskrl.errors import (
     SlurmJobError,
     StoreError,
     StoreFormatError,
+    StoreOptionsRequiredError,
     StoreRecordWarning,
     StoreURLError,
     VersionMismatchError,
@@ -28,9 +29,9 @@ from daskrl.errors import (
     WeightsNotSharedError,
 )
 from daskrl.store._dataset import ReplayDataset, TransitionDataset
+from daskrl.store._episodes import Episode
 from daskrl.store._handles import BatchHandle
 from daskrl.store._housekeeping import GarbageReport
-from daskrl.store._reading import Episode
 from daskrl.store._store import TrajectoryStore, open_store
 from daskrl.weights._snapshot import WeightsSnapshot, snapshot
 
@@ -59,6 +60,7 @@ __all__ = [
     "SlurmJobError",
     "StoreError",
     "StoreFormatError",
+    "StoreOptionsRequiredError",
     "StoreRecordWarning",
     "StoreURLError",
     "TrajectoryStore",

@@ -19,6 +19,7 @@ __all__ = [
     "CollectorClosedError",
     "ConfigError",
     "DaskrlError",
+    "DatasetIndexError",
     "EnvError",
     "MissingDependencyError",
     "PolicyError",
@@ -26,6 +27,7 @@ __all__ = [
     "SlurmJobError",
     "StoreError",
     "StoreFormatError",
+    "StoreOptionsRequiredError",
     "StoreRecordWarning",
     "StoreURLError",
     "UnsupportedDtypeError",
@@ -151,3 +153,13 @@ class UnsupportedDtypeError(DaskrlError, TypeError):
 
 class VersionMismatchError(DaskrlError, RuntimeError):
     """Workers run other versions of the packages daskrl depends on than the learner."""
+
+
+class StoreOptionsRequiredError(StoreError):
+    """A handle of a store that needs ``storage_options`` (credentials, an endpoint) was loaded
+    without its store: handles carry no credentials; pass ``store=`` (the collector's
+    ``collector.store`` or an ``open_store(url, storage_options)``), or use ``store.load(handle)``."""
+
+
+class DatasetIndexError(DaskrlError, IndexError):
+    """An index past the end of a dataset (``TransitionDataset``)."""

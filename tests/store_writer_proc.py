@@ -90,14 +90,14 @@ def main(argv: list[str]) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
 
         if where == "before-commit":
-            real_create = store._create_exclusive
+            real_create = store.backend.create_exclusive
 
-            def create(key, doc):
+            def create(key, data):
                 if key.startswith("commits/") and not marker.exists():
                     stop()
-                return real_create(key, doc)
+                return real_create(key, data)
 
-            store._create_exclusive = create
+            store.backend.create_exclusive = create  # type: ignore[method-assign]
         else:
             real_link = os.link
 

@@ -95,10 +95,15 @@ def test_handles_are_small_and_carry_no_credentials():
     meta = _meta() | {"episode_returns": [float(i) for i in range(200)],
                       "episode_lengths": list(range(200))}
     w.write_batch(0, _arrays(), meta)
-    handle = daskrl.open_store(url, {"secret_token": "SECRET"}).handle(0)
+    store = daskrl.open_store(url, {"secret_token": "SECRET"})
+    handle = store.handle(0)
     data = pickle.dumps(handle)
-    assert len(data) < 4096 and b"SECRET" not in data
-    assert handle.load(keys=["reward"])["reward"].shape == (4, 2)  # options found in-process
+    assert len(data) < 4096 and b"SECRET" not in data and handle.needs_options
+    # no process-wide registry of options: the handle loads through its store object
+    with pytest.raises(daskrl.StoreOptionsRequiredError, match=r"pass store=|load\(store="):
+        handle.load(keys=["reward"])
+    assert handle.load(keys=["reward"], store=store)["reward"].shape == (4, 2)
+    assert store.load(pickle.loads(data), keys=["reward"])["reward"].shape == (4, 2)
 
 
 def test_a_batch_is_one_zip_container_readable_with_zarr_alone(tmp_path):

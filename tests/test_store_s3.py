@@ -68,7 +68,7 @@ def test_write_read_and_handles_without_credentials(s3):
     data = pickle.dumps(handle)
     assert KEY.encode() not in data and SECRET.encode() not in data and b"secret" not in data
     assert "key" not in json.dumps(handle.record())
-    np.testing.assert_array_equal(handle.load(keys=["reward"])["reward"].numpy(),
+    np.testing.assert_array_equal(handle.load(keys=["reward"], store=store)["reward"].numpy(),
                                   batch_arrays(3, 1)["reward"])
     # only the loser's attempt was removed
     import s3fs
@@ -153,15 +153,60 @@ def test_collector_on_s3_then_readers_and_housekeeping(s3, inproc_client):
     writable = daskrl.open_store(url, options, writable=True)
     ids = store.batch_ids()
     assert writable.keep_last(2) == ids[:2] and store.batch_ids() == ids[2:]
-    fs = writable._zstore.fs
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**{k: v for k, v in options.items() if k != "endpoint_url"},
+                           endpoint_url=options["endpoint_url"])
     dead = f"{url[5:]}/batches/{ids[-1] + 1:012d}-deadbeef0000.zip"
     old = f"{url[5:]}/batches/{ids[-1] + 2:012d}-deadbeef0000"  # a 1.x attempt directory
-    from zarr.core.sync import sync
-
-    sync(fs._pipe_file(dead, b"PK\x05\x06" + bytes(18)))
-    sync(fs._pipe_file(f"{old}/zarr.json", b"{}"))
+    fs.pipe_file(dead, b"PK\x05\x06" + bytes(18))
+    fs.pipe_file(f"{old}/zarr.json", b"{}")
     garbage = (dead.split("/", 2)[2], old.split("/", 2)[2])
     assert writable.collect_garbage(older_than=3600).kept == garbage
     report = writable.collect_garbage(older_than=0)
     assert report.attempts == garbage and report.bytes == 22 + 2
     assert store.batch_ids() == ids[2:] and store.load(ids[-1])["reward"].shape == (6, 2)
+
+
+def test_two_differently_configured_stores_of_one_url_each_read_with_their_own_options(s3):
+    """The same URL on two S3 endpoints (two servers, one bucket name): each store object, its
+    handles and its datasets read with that store's own options. A process-wide map from URL to
+    options (last writer wins) read the first store's handles from the second endpoint."""
+    import boto3
+
+    url, first = s3
+    # A second server in its own process (moto's servers in one process share their buckets).
+    server = subprocess.Popen(
+        [sys.executable, "-c", "from moto.server import ThreadedMotoServer; import sys, time; "
+         "s = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False); s.start(); "
+         "print(s.get_host_and_port()[1], flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        second = {**first, "endpoint_url": f"http://127.0.0.1:{port}"}
+        boto3.client("s3", endpoint_url=second["endpoint_url"], aws_access_key_id=KEY,
+                     aws_secret_access_key=SECRET, region_name="us-east-1"
+                     ).create_bucket(Bucket=BUCKET)
+        stores = {}
+        for tag, options in ((1, first), (2, second)):
+            w = TrajectoryStore(url, options, read_only=False)
+            w.initialize()
+            assert w.write_batch(0, batch_arrays(0, tag), meta(tag))[1]
+            stores[tag] = daskrl.open_store(url, options)  # the second opened last
+        for tag, store in stores.items():
+            handle = store.handle(0)
+            assert handle.weights_version == tag and handle.needs_options
+            want = batch_arrays(0, tag)["observation"]
+            for got in (handle.load(store=store), store.load(handle),
+                        pickle.loads(pickle.dumps(handle)).load(store=store)):
+                np.testing.assert_array_equal(got["observation"].numpy(), want)
+            with pytest.raises(daskrl.StoreOptionsRequiredError, match="store="):
+                handle.load()
+            item = daskrl.TransitionDataset(store, ["observation"])[0]
+            np.testing.assert_array_equal(item["observation"].numpy(), want[0, 0])
+            by_url = daskrl.TransitionDataset(url, ["observation"], storage_options=store.storage_options)
+            np.testing.assert_array_equal(by_url[0]["observation"].numpy(), want[0, 0])
+    finally:
+        server.kill()
+        server.wait(timeout=60)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from daskrl.store._dataset import ReplayDataset, TransitionDataset
+from daskrl.store._episodes import Episode
 from daskrl.store._format import ReadLimits
 from daskrl.store._handles import BatchHandle
 from daskrl.store._housekeeping import GarbageReport
-from daskrl.store._reading import Episode
 from daskrl.store._store import FORMAT_VERSION, TrajectoryStore, open_store
 
 __all__ = ["FORMAT_VERSION", "BatchHandle", "Episode", "GarbageReport", "ReadLimits", "ReplayDataset",

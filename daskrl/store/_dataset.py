@@ -7,8 +7,9 @@
   committed *so far*, picking up new ones as workers commit them: each ``DataLoader`` worker
   loads one random batch at a time and draws ``samples_per_batch`` samples from it.
 
-Both pickle as URL + ``storage_options`` and open the store lazily in each ``DataLoader``
-worker process, so ``num_workers > 0`` loads in parallel.  Samples are ``{key: tensor}``: one
+Both take a store URL (with its ``storage_options``, if it needs any) or an open
+:class:`~daskrl.TrajectoryStore` (whose options they use), pickle as URL + ``storage_options``
+and open the store lazily in each ``DataLoader`` worker process, so ``num_workers > 0`` loads in parallel.  Samples are ``{key: tensor}``: one
 step ``[...]``, or ``[L, ...]`` with ``sequence_length=L`` (windows lie inside one batch and may
 cross episode boundaries: mask with ``terminated | truncated``).
 """
@@ -26,7 +27,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from daskrl.errors import BatchNotFoundError, ConfigError, StoreError, StoreRecordWarning
+from daskrl.errors import (
+    BatchNotFoundError,
+    ConfigError,
+    DatasetIndexError,
+    StoreError,
+    StoreRecordWarning,
+)
+from daskrl.store._store import TrajectoryStore, open_store
+from daskrl.store._url import normalize_url
 
 __all__ = ["ReplayDataset", "TransitionDataset"]
 
@@ -42,28 +51,23 @@ def _check_length(sequence_length: int | None) -> int:
 class _StoreSource:
     """URL + options; opens the store once per process."""
 
-    def __init__(self, store: Any, storage_options: Mapping[str, Any] | None,
+    def __init__(self, store: TrajectoryStore | str | os.PathLike[str],
+                 storage_options: Mapping[str, Any] | None,
                  keys: Sequence[str] | None, sequence_length: int | None) -> None:
-        from daskrl.store._store import TrajectoryStore, options_for
-
         if isinstance(store, TrajectoryStore):
             self.url = store.url
             self.options = dict(storage_options or store.storage_options)
         else:
-            from daskrl.store._store import normalize_url
-
             self.url = normalize_url(store)
-            self.options = dict(storage_options or options_for(self.url))
+            self.options = dict(storage_options or {})
         self.keys = list(keys) if keys is not None else None
         self.sequence_length = sequence_length
         self.length = _check_length(sequence_length)
-        self._store: Any = None
+        self._store: TrajectoryStore | None = None
         self._pid = -1
 
-    def store(self) -> Any:
+    def store(self) -> TrajectoryStore:
         if self._store is None or self._pid != os.getpid():
-            from daskrl.store._store import open_store
-
             self._store = open_store(self.url, self.options)
             self._pid = os.getpid()
         return self._store
@@ -94,7 +98,7 @@ class TransitionDataset(Dataset):
     batch_ids
         Batches to cover (default: all committed now).
     storage_options
-        For fsspec (default: those registered in this process for the URL).
+        For fsspec, with a URL (default: none; an open store brings its own).
     cache_batches
         Batches each process keeps loaded (least recently used go first).
 
@@ -106,7 +110,7 @@ class TransitionDataset(Dataset):
 
     def __init__(
         self,
-        store: Any,
+        store: TrajectoryStore | str | os.PathLike[str],
         keys: Sequence[str] | None = None,
         *,
         sequence_length: int | None = None,
@@ -141,7 +145,7 @@ class TransitionDataset(Dataset):
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError(f"index {index} out of range for a dataset of {n} items.")
+            raise DatasetIndexError(f"index {index} out of range for a dataset of {n} items.")
         b = int(np.searchsorted(self._starts, i, side="right")) - 1
         t, e = divmod(i - int(self._starts[b]), int(self._envs[b]))
         return self.batch_ids[b], t, e
@@ -192,12 +196,12 @@ class ReplayDataset(IterableDataset):
         loaded) before raising :class:`~daskrl.StoreError`.  Committed batches that cannot be
         read (data missing or damaged) are skipped with a :class:`~daskrl.StoreRecordWarning`.
     storage_options
-        For fsspec (default: those registered in this process for the URL).
+        For fsspec, with a URL (default: none; an open store brings its own).
     """
 
     def __init__(
         self,
-        store: Any,
+        store: TrajectoryStore | str | os.PathLike[str],
         keys: Sequence[str] | None = None,
         *,
         sequence_length: int | None = None,
@@ -257,10 +261,10 @@ class ReplayDataset(IterableDataset):
                 if time.monotonic() > deadline:
                     raise self._nothing_to_sample(L, unreadable) from None
                 continue
-            except StoreError as e:  # committed but unreadable: damaged, or data missing
-                unreadable[bid] = str(e)
+            except StoreError as err:  # committed but unreadable: damaged, or data missing
+                unreadable[bid] = str(err)
                 warnings.warn(StoreRecordWarning(
-                    f"ReplayDataset skips batch {bid}, which cannot be read: {e}"), stacklevel=2)
+                    f"ReplayDataset skips batch {bid}, which cannot be read: {err}"), stacklevel=2)
                 continue
             deadline = time.monotonic() + self.wait_seconds
             T, E = (int(n) for n in recs[bid]["shape"])

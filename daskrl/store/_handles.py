@@ -1,12 +1,22 @@
-"""Batch handles: the small, picklable records that travel back to the learner."""
+"""Batch handles: the small, picklable records that travel back to the learner.
+
+A handle names its store by URL and carries no credentials: a store that needs
+``storage_options`` is read through its store object (``handle.load(store=...)`` or
+``store.load(handle)``).  This module does not import the store module at import time.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from daskrl.errors import StoreOptionsRequiredError, UsageError
+
+if TYPE_CHECKING:
+    from daskrl.store._store import TrajectoryStore
 
 __all__ = ["BatchHandle"]
 
@@ -43,6 +53,9 @@ class BatchHandle:
     """Time the worker spent writing and committing the batch."""
     env_restarts: int = 0
     """Times the batch's envs were rebuilt after an env error (``on_env_error="restart"``)."""
+    needs_options: bool = False
+    """The store was opened with ``storage_options`` (which the handle does not carry): load
+    it through its store object."""
 
     @property
     def fps(self) -> float:
@@ -54,21 +67,37 @@ class BatchHandle:
         device: torch.device | str | None = None,
         keys: Sequence[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        *,
+        store: TrajectoryStore | None = None,
     ) -> dict[str, torch.Tensor]:
         """Read the batch from the store as ``{key: tensor [T, E, ...]}`` on ``device``.
 
-        ``storage_options`` default to those the collector or ``open_store`` used for this URL
-        in this process.
+        ``store``: the store object to read through (e.g. ``collector.store``, or
+        ``open_store(url, storage_options)``), required when the store needs
+        ``storage_options`` (:class:`~daskrl.StoreOptionsRequiredError` otherwise) unless
+        they are given as ``storage_options``.  A store that needs none (a local path) is
+        opened from the handle's URL.
         """
-        from daskrl.store._store import TrajectoryStore, options_for
+        from daskrl.store._store import TrajectoryStore
 
-        opts = storage_options if storage_options is not None else options_for(self.store)
-        return TrajectoryStore(self.store, opts).load_path(self.path, device, keys, self.batch_id)
+        if store is not None:
+            if storage_options is not None:
+                raise UsageError("pass store= or storage_options=, not both: the store object "
+                                 "has its own storage_options.")
+            return store.load(self, device, keys)
+        if storage_options is None and self.needs_options:
+            raise StoreOptionsRequiredError(
+                f"batch {self.batch_id} is in the store {self.store!r}, which needs "
+                "storage_options, and a handle carries none. Load it through its store: "
+                "handle.load(store=collector.store) or open_store(url, storage_options)"
+                ".load(handle) (or pass handle.load(storage_options=...))."
+            )
+        return TrajectoryStore(self.store, storage_options).load(self, device, keys)
 
     def record(self) -> dict[str, Any]:
         """Plain-JSON metadata, as stored in the batch's commit record."""
         d = dataclasses.asdict(self)
-        for k in ("store", "policy_lag", "write_seconds"):
+        for k in ("store", "policy_lag", "write_seconds", "needs_options"):
             d.pop(k)
         d["episode_returns"] = list(self.episode_returns)
         d["episode_lengths"] = list(self.episode_lengths)
@@ -76,11 +105,13 @@ class BatchHandle:
         return d
 
     @classmethod
-    def from_record(cls, store: str, rec: Mapping[str, Any], policy_lag: int = 0) -> BatchHandle:
-        """Rebuild a handle from a commit record."""
-        names = {f.name for f in dataclasses.fields(cls)}
+    def from_record(cls, store: str, rec: Mapping[str, Any], policy_lag: int = 0, *,
+                    needs_options: bool = False) -> BatchHandle:
+        """Rebuild a handle from a commit record (``needs_options``: the store has
+        ``storage_options``)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"needs_options"}
         kw = {k: v for k, v in rec.items() if k in names}
         kw["episode_returns"] = tuple(kw.get("episode_returns", ()))
         kw["episode_lengths"] = tuple(kw.get("episode_lengths", ()))
         kw["shape"] = tuple(kw.get("shape", (0, 0)))
-        return cls(store=store, policy_lag=policy_lag, **kw)
+        return cls(store=store, policy_lag=policy_lag, needs_options=needs_options, **kw)

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from daskrl.errors import BatchDataMissingError, DaskrlError
+from daskrl.errors import MissingDependencyError
+from daskrl.store._layout import ATTEMPT_NAME
+
+if TYPE_CHECKING:
+    from daskrl.store._store import TrajectoryStore
 
 __all__ = ["format_summary", "plot_returns", "summarize"]
 
@@ -29,14 +33,9 @@ def _returns_by_batch(records: dict[int, dict[str, Any]]) -> tuple[np.ndarray, n
     return np.asarray(xs, np.float64), np.asarray(ys, np.float64)
 
 
-def summarize(store: Any) -> dict[str, Any]:
+def summarize(store: TrajectoryStore) -> dict[str, Any]:
     """Summary of a :class:`~daskrl.TrajectoryStore` as plain JSON-able values."""
-    from daskrl.store._housekeeping import ATTEMPT_NAME
-
     records = store.records()
-    _, returns = _returns_by_batch(records)
-    versions = sorted({int(r["weights_version"]) for r in records.values()})
-    lengths = [int(n) for r in records.values() for n in (r.get("episode_lengths") or [])]
     # bytes: one listing of batches/ gives every attempt's size
     committed_paths = {r["path"] for r in records.values()}
     attempts = store.attempt_sizes()
@@ -46,22 +45,17 @@ def summarize(store: Any) -> dict[str, Any]:
     chunks = raw = 0
     pruned = []
     for bid, rec in records.items():
-        path = rec["path"]
-        where = f"batch {bid} ({path!r})"
-        try:  # the container's directory has the sizes
-            index = store._batch_index(path, where)
-        except BatchDataMissingError:
-            if store._still_committed(bid, path):
-                raise store._data_missing(bid, path) from None
+        sizes = store.batch_sizes(bid, rec["path"])
+        if sizes is None:
             pruned.append(bid)  # deleted since it was listed: not counted
             continue
-        chunks += index.chunk_bytes
-        raw += index.decoded_bytes
+        chunks += sizes[0]
+        raw += sizes[1]
     if pruned:  # the counts describe the batches that are still there
         records = {b: r for b, r in records.items() if b not in set(pruned)}
-        _, returns = _returns_by_batch(records)
-        versions = sorted({int(r["weights_version"]) for r in records.values()})
-        lengths = [int(n) for r in records.values() for n in (r.get("episode_lengths") or [])]
+    _, returns = _returns_by_batch(records)
+    versions = sorted({int(r["weights_version"]) for r in records.values()})
+    lengths = [int(n) for r in records.values() for n in (r.get("episode_lengths") or [])]
     skipped = store.skipped_records()
     last = returns[-100:]
     return {
@@ -124,7 +118,7 @@ def format_summary(s: dict[str, Any]) -> str:
     ])
 
 
-def plot_returns(store: Any, path: str | Path, title: str | None = None) -> Path:
+def plot_returns(store: TrajectoryStore, path: str | Path, title: str | None = None) -> Path:
     """Write a PNG of episode returns over frames (and a 100-episode running mean)."""
     try:
         import matplotlib
@@ -132,7 +126,7 @@ def plot_returns(store: Any, path: str | Path, title: str | None = None) -> Path
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise DaskrlError(
+        raise MissingDependencyError(
             f"plotting needs matplotlib, which is not installed ({e}). "
             'Install it with: pip install "daskrl[plot]"'
         ) from None

@@ -425,4 +425,5 @@ def _collect_and_write(plugin: CollectorPlugin, worker: Any,
         logger.info("batch %d was committed by another attempt; the envs of stream %d start "
                     "new episodes", task.batch_id, task.stream)
         return store.handle(task.batch_id), False
-    return dataclasses.replace(handle, path=path, write_seconds=time.perf_counter() - t0), True
+    return dataclasses.replace(handle, path=path, write_seconds=time.perf_counter() - t0,
+                               needs_options=bool(store.storage_options)), True

@@ -1,0 +1,93 @@
+"""A store as lazy dask arrays: one block per batch and array, read as ``load`` reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from daskrl.errors import BatchNotFoundError, ConfigError, StoreError
+
+if TYPE_CHECKING:
+    import dask.array
+
+    from daskrl.store._reading import Reader
+    from daskrl.store._store import TrajectoryStore
+
+__all__ = ["to_dask"]
+
+_LAYOUTS = ("frames", "time", "env")
+
+
+def to_dask(
+    store: TrajectoryStore,
+    reader: Reader,
+    keys: Sequence[str] | None = None,
+    *,
+    layout: str = "frames",
+    batch_ids: Sequence[int] | None = None,
+) -> dict[str, dask.array.Array]:
+    """The store as lazy dask arrays, one block per batch and array (read as ``load`` reads).
+
+    Parameters
+    ----------
+    keys
+        Arrays to include (default: those of the first batch).
+    layout
+        ``"frames"`` (default): every batch flattened time-major to ``[T * E, ...]`` and
+        concatenated, ``[frames, ...]``, in batch-id order; works for any mix of ``T`` and
+        ``E``.  ``"time"``: batches concatenated along time, ``[sum T, E, ...]`` (all
+        batches must have the same ``E``).  ``"env"``: along envs, ``[T, sum E, ...]``
+        (same ``T``).
+    batch_ids
+        Batches to include (default: all committed, ascending).
+
+    Every array's metadata is checked against the allowlist before zarr opens it.
+    """
+    import dask
+    import dask.array as da
+
+    if layout not in _LAYOUTS:
+        raise ConfigError(f"layout must be one of {_LAYOUTS}, got {layout!r}.")
+    ids = list(batch_ids) if batch_ids is not None else store.batch_ids()
+    if not ids:
+        return {}
+    recs = store.records()
+    missing = [b for b in ids if b not in recs]
+    if missing:
+        raise BatchNotFoundError(f"no committed batches {missing} in store {store.url!r}.")
+    names = list(keys) if keys is not None else None
+    parts: dict[str, list[Any]] = {}
+    load = dask.delayed(_load_array, pure=False)
+    for bid in ids:
+        path = recs[bid]["path"]
+        try:
+            if names is None:
+                names = store.array_names(path)
+            layouts = reader.array_layouts(bid, path, names)
+        except BatchNotFoundError:
+            if reader.index.still_committed(bid, path):
+                raise reader.index.data_missing(bid, path) from None
+            continue  # deleted (pruned) since it was listed: not part of the view
+        for name, lay in layouts.items():
+            arr = da.from_delayed(load(store, path, name), shape=lay.shape, dtype=lay.dtype)
+            if layout == "frames":
+                arr = arr.reshape((-1, *arr.shape[2:]))
+            parts.setdefault(name, []).append(arr)
+    axis = 1 if layout == "env" else 0
+    out = {}
+    for name, arrs in parts.items():
+        try:
+            out[name] = da.concatenate(arrs, axis=axis)
+        except ValueError as e:
+            shapes = sorted({tuple(a.shape) for a in arrs})
+            raise StoreError(
+                f"cannot concatenate {name!r} along {layout!r}: batch shapes {shapes} differ "
+                f"off that axis ({e}). Use layout='frames', which fits any shapes."
+            ) from e
+    return out
+
+
+def _load_array(store: TrajectoryStore, path: str, name: str) -> np.ndarray:
+    return store.load_path(path, keys=[name])[name].numpy()

@@ -1,0 +1,131 @@
+"""Whole episodes, reassembled from the batches they span (a stream's envs continue across
+its batches), read in batch-id order holding only the open episodes' rows."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from daskrl.errors import BatchNotFoundError
+from daskrl.store._layout import run_of
+
+if TYPE_CHECKING:
+    from daskrl.store._store import TrajectoryStore
+
+__all__ = ["Episode", "iter_episodes"]
+
+_EPISODE_KEYS = ("episode_id", "terminated", "truncated")
+
+
+@dataclasses.dataclass(frozen=True)
+class Episode:
+    """One episode reassembled from the batches it spans, time-major ``[L, ...]``."""
+
+    episode_id: int
+    data: dict[str, torch.Tensor]
+    """``{key: tensor [L, ...]}``, rows in the episode's order."""
+    batch_ids: tuple[int, ...]
+    """The batches it spans, in order."""
+    complete: bool
+    """It has every step from 0 on and ended with ``terminated`` or ``truncated``; False: cut
+    (see the store format), or some of its batches were deleted."""
+
+    @property
+    def length(self) -> int:
+        return int(self.data["episode_id"].shape[0])
+
+    @property
+    def total_reward(self) -> float:
+        """Sum of rewards (float64); NaN when ``reward`` was not loaded."""
+        r = self.data.get("reward")
+        return float(r.double().sum()) if r is not None else float("nan")
+
+
+def iter_episodes(
+    store: TrajectoryStore,
+    keys: Sequence[str] | None = None,
+    *,
+    complete_only: bool = True,
+    device: torch.device | str | None = None,
+) -> Iterator[Episode]:
+    """Yield whole episodes, reassembled across the batches they span.
+
+    A stream's envs continue across its batches, so an episode may start in one batch and
+    end several batches later; its rows share one ``episode_id`` and are ordered by
+    ``(batch_id, t)``.  Episodes are yielded as they end, reading batches in id order and
+    holding only the open episodes' rows in memory.
+
+    Parameters
+    ----------
+    keys
+        Arrays to include (``episode_id``, ``terminated`` and ``truncated`` always are).
+    complete_only
+        Yield only complete episodes: every step from 0 on, ending with ``terminated`` or
+        ``truncated``.  With False, the others come too, with ``complete=False``: episodes
+        cut without a flag (``reset_at_each_iter``, rebuilt envs, a missing later batch, or
+        still running at the newest batch) and episodes whose first or middle steps were
+        in deleted batches (``keep_last``, ``delete_batches``).
+    device
+        Device of the yielded tensors.
+    """
+    need = None if keys is None else list(dict.fromkeys([*keys, *_EPISODE_KEYS, "step"]))
+    drop_step = keys is not None and "step" not in keys
+    runs = store.runs()
+    open_eps: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
+    last_seen: dict[int, int] = {}
+    dev = torch.device(device) if device is not None else None
+
+    def emit(eid: int, ended: bool) -> Episode:
+        pieces = open_eps.pop(eid)
+        last_seen.pop(eid, None)
+        # Whole only if its steps run 0, 1, 2, ...: a deleted batch leaves a hole.
+        steps = torch.cat([p["step"] for _, p in pieces])
+        complete = ended and torch.equal(steps, torch.arange(len(steps), dtype=steps.dtype))
+        if drop_step:
+            pieces = [(b, {k: v for k, v in p.items() if k != "step"}) for b, p in pieces]
+        names = pieces[0][1].keys()
+        data = {k: torch.cat([p[k] for _, p in pieces]) if len(pieces) > 1
+                else pieces[0][1][k].clone() for k in names}  # own memory, contiguous
+        if dev is not None:
+            data = {k: v.to(dev) for k, v in data.items()}
+        bids = tuple(dict.fromkeys(b for b, _ in pieces))
+        return Episode(int(eid), data, bids, complete)
+
+    for bid in store.batch_ids():
+        try:
+            batch = store.load(bid, keys=need)
+        except BatchNotFoundError:
+            continue
+        eid = batch["episode_id"].numpy()
+        done = (batch["terminated"] | batch["truncated"]).numpy()
+        T, E = eid.shape[:2]
+        for e in range(E):
+            col = eid[:, e]
+            starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]])
+            ends = np.r_[starts[1:], T]
+            for a, b in zip(starts.tolist(), ends.tolist()):
+                i = int(col[a])
+                open_eps.setdefault(i, []).append((bid, {k: v[a:b, e] for k, v in batch.items()}))
+                last_seen[i] = bid
+                if done[b - 1, e]:
+                    ep = emit(i, True)
+                    if ep.complete or not complete_only:
+                        yield ep
+        settings = runs.get(run_of(bid), {}).get("settings", {})
+        for i in [i for i, b in last_seen.items() if b == bid]:
+            if settings.get("reset_at_each_iter"):  # every open episode was cut here
+                ep = emit(i, False)
+                if not complete_only:
+                    yield ep
+            else:  # copy this batch's rows so the batch's tensors can be freed
+                b0, piece = open_eps[i][-1]
+                open_eps[i][-1] = (b0, {k: v.clone() for k, v in piece.items()})
+    for i in sorted(open_eps):
+        ep = emit(i, False)
+        if not complete_only:
+            yield ep
+
