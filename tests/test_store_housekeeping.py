@@ -165,7 +165,7 @@ def test_a_failed_start_uses_up_no_run_number(client, tmp_path):
     from daskrl.testing import TagPolicy
 
     url = str(tmp_path / "s")
-    with pytest.raises(daskrl.ConfigError, match=re.escape("client must be a distributed.Client or None")):
+    with pytest.raises(daskrl.UsageError, match=re.escape("client must be a distributed.Client or None")):
         daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, client="tcp://x:1")
     assert daskrl.open_store(url).runs() == {}
     # A store the workers cannot see fails at the probe, after the cluster work: no run either.

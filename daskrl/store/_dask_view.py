@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from daskrl.errors import BatchNotFoundError, ConfigError, StoreError
+from daskrl.errors import BatchDataMissingError, BatchNotFoundError, ConfigError, StoreError
 
 if TYPE_CHECKING:
     import dask.array
@@ -66,7 +66,7 @@ def to_dask(
             if names is None:
                 names = store.array_names(path)
             layouts = reader.array_layouts(bid, path, names)
-        except BatchNotFoundError:
+        except (BatchDataMissingError, BatchNotFoundError):
             if reader.index.still_committed(bid, path):
                 raise reader.index.data_missing(bid, path) from None
             continue  # deleted (pruned) since it was listed: not part of the view

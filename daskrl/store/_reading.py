@@ -50,7 +50,7 @@ class Reader:
         self.limits = limits
 
     def _source(self, path: str, where: str) -> ByteSource:
-        return self.backend.byte_source(path, f"{where} of {self.url!r}", self.docs.checked)
+        return self.backend.byte_source(path, where, self.docs.checked)
 
     def _batch_index(self, path: str, where: str, names: Sequence[str] | None) -> BatchIndex:
         src = self._source(path, where)

@@ -180,7 +180,7 @@ class TrajectoryStore:
         if major not in {str(m) for m in READ_MAJORS}:
             raise StoreFormatError(
                 f"store {self.url!r} has format version {info.get('format_version')!r}; this "
-                f"daskrl reads version {FORMAT_VERSION}. "
+                f"daskrl reads versions {' and '.join(f'{m}.x' for m in READ_MAJORS)}. "
                 "Upgrade daskrl."
             )
         self._format_major = int(major)
