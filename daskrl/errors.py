@@ -20,6 +20,7 @@ __all__ = [
     "ConfigError",
     "DaskrlError",
     "EnvError",
+    "InternalError",
     "MissingDependencyError",
     "PolicyError",
     "SlurmError",
@@ -151,3 +152,8 @@ class UnsupportedDtypeError(DaskrlError, TypeError):
 
 class VersionMismatchError(DaskrlError, RuntimeError):
     """Workers run other versions of the packages daskrl depends on than the learner."""
+
+
+class InternalError(DaskrlError, RuntimeError):
+    """daskrl broke one of its own invariants: a bug in daskrl, not in what it was given.
+    Please report it with the message."""

@@ -9,7 +9,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from daskrl.policies import MLPPolicy
-from daskrl.weights._shm import shared_memory_dir
+from daskrl.weights._segments import shared_memory_dir
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,7 +21,8 @@ import daskrl
 from daskrl import PolicyError, WeightsIntegrityError, WeightsNotSharedError, deploy
 from daskrl.testing import TagPolicy
 from daskrl.weights import policy_spec, snapshot, weights_layout
-from daskrl.weights._shm import Segment, SegmentPool, SharedWeightsReader, shared_memory_dir
+from daskrl.weights._segments import Segment, SegmentPool, shared_memory_dir
+from daskrl.weights._shared_reader import SharedWeightsReader
 
 COUNTING = "daskrl.testing:Counting-v0"
 

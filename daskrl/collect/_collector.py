@@ -38,7 +38,7 @@ from daskrl.store._store import (
     check_store_options,
     normalize_url,
 )
-from daskrl.weights._shm import SegmentPool, SharedWeights
+from daskrl.weights._segments import SegmentPool, SharedWeights
 from daskrl.weights._snapshot import (
     PolicyLike,
     WeightsSnapshot,
@@ -49,18 +49,16 @@ from daskrl.weights._snapshot import (
 )
 from daskrl.worker._devices import DeviceSetting, check_device_setting
 from daskrl.worker._envs import EnvLike, EnvSpec, check_env_vars
-from daskrl.worker._plugin import (
-    IN_PROCESS_WEIGHTS,
+from daskrl.worker._plugin import CollectorPlugin
+from daskrl.worker._policy_output import check_action, check_extras, split_policy_output
+from daskrl.worker._tasks import (
     BatchTask,
-    CollectorPlugin,
-    WeightsRef,
     collect_batch,
     preload_shared_weights,
     preload_weights,
     probe_store,
-    weights_name,
 )
-from daskrl.worker._rollout import check_action, check_extras, split_policy_output
+from daskrl.worker._weights_cache import IN_PROCESS_WEIGHTS, WeightsRef, weights_name
 
 __all__ = ["Collector"]
 
