@@ -7,6 +7,7 @@ import os
 import gymnasium as gym
 import pytest
 from distributed import Client, LocalCluster
+from distributed.utils_test import gen_cluster  # noqa: F401  (re-exported for the tests; not public API)
 
 from daskrl.policies import MLPPolicy
 from daskrl.weights._segments import shared_memory_dir
