@@ -21,6 +21,7 @@ __all__ = [
     "DaskrlError",
     "DatasetIndexError",
     "EnvError",
+    "InternalError",
     "MissingDependencyError",
     "PolicyError",
     "SlurmError",
@@ -163,3 +164,8 @@ class StoreOptionsRequiredError(StoreError):
 
 class DatasetIndexError(DaskrlError, IndexError):
     """An index past the end of a dataset (``TransitionDataset``)."""
+
+
+class InternalError(DaskrlError, RuntimeError):
+    """daskrl broke one of its own invariants: a bug in daskrl, not in what it was given.
+    Please report it with the message."""

@@ -22,6 +22,10 @@ class MLPPolicy(nn.Module):
     Gaussian sample around ``tanh``-scaled means for ``Box`` actions (the env clips to bounds).
     """
 
+    center: torch.Tensor
+    scale: torch.Tensor
+    """Buffers of a ``Box`` action space: the middle of its bounds and their half-width."""
+
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  hidden: tuple[int, ...] = (64, 64)) -> None:
         super().__init__()
@@ -34,6 +38,8 @@ class MLPPolicy(nn.Module):
         elif isinstance(action_space, spaces.Box):
             n_out = int(np.prod(action_space.shape))
             self.discrete = False
+            low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
+            high = torch.as_tensor(action_space.high, dtype=torch.float32).reshape(-1)
         else:
             raise ConfigError(f"MLPPolicy needs a Discrete or Box action space, got {action_space!r}.")
         layers: list[nn.Module] = []
@@ -44,8 +50,6 @@ class MLPPolicy(nn.Module):
         self.net = nn.Sequential(*layers)
         self.action_shape = tuple(action_space.shape or ())
         if not self.discrete:
-            low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)  # type: ignore[attr-defined]
-            high = torch.as_tensor(action_space.high, dtype=torch.float32).reshape(-1)  # type: ignore[attr-defined]
             self.register_buffer("center", (high + low) / 2)
             self.register_buffer("scale", (high - low) / 2)
             self.log_std = nn.Parameter(torch.full((n_out,), math.log(0.5)))
@@ -54,11 +58,11 @@ class MLPPolicy(nn.Module):
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         x = self.net(obs.flatten(1).float())
         if self.discrete:
-            dist = torch.distributions.Categorical(logits=x)
-            action = dist.sample()
-            return {"action": action + self.start, "log_prob": dist.log_prob(action)}
+            categorical = torch.distributions.Categorical(logits=x)
+            action = categorical.sample()
+            return {"action": action + self.start, "log_prob": categorical.log_prob(action)}
         mean = torch.tanh(x) * self.scale + self.center
-        dist = torch.distributions.Normal(mean, self.log_std.exp() * self.scale)
-        action = dist.sample()
-        log_prob = dist.log_prob(action).sum(-1)
+        normal = torch.distributions.Normal(mean, self.log_std.exp() * self.scale)
+        action = normal.sample()
+        log_prob = normal.log_prob(action).sum(-1)
         return {"action": action.reshape(-1, *self.action_shape), "log_prob": log_prob}

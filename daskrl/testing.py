@@ -92,6 +92,8 @@ class TagPolicy(nn.Module):
 class ConstantPolicy(nn.Module):
     """Returns a fixed action for every env (for Box or Discrete spaces)."""
 
+    action: torch.Tensor
+
     def __init__(self, action: Any, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.register_buffer("action", torch.as_tensor(action, dtype=dtype))
@@ -116,7 +118,7 @@ class EnvVarEnv(CountingEnv):
         return np.array([self.offset + self.episode, self.t], np.float32)
 
 
-gym.register("Counting-v0", entry_point=CountingEnv, max_episode_steps=None)
+gym.register("Counting-v0", entry_point="daskrl.testing:CountingEnv", max_episode_steps=None)
 
 
 def worker_weights(client: Any, collector: Any) -> dict[str, dict[str, bytes]]:

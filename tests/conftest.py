@@ -263,7 +263,7 @@ def cluster():
 def client(cluster):
     from distributed import Client
 
-    from daskrl.weights._shm import shared_memory_dir
+    from daskrl.weights._segments import shared_memory_dir
 
     with Client(cluster, set_as_default=False) as client:
         yield client

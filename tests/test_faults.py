@@ -341,22 +341,6 @@ def test_embedded_cluster_speaks_tls_and_refuses_plain_clients(tmp_path):
         assert collector.client.scheduler.address.startswith("tcp://")  # the documented opt-out
 
 
-def test_an_env_that_never_ends_an_episode_is_named(inproc_client, tmp_path, monkeypatch):
-    import daskrl.worker._rollout as rollout_module
-
-    # In-process workers share this module: a small limit stands in for the real 1,000,000.
-    monkeypatch.setattr(rollout_module, "MAX_EPISODE_STEPS", 50)
-    env = functools.partial(daskrl.testing.CountingEnv, 10**9)
-    with (
-        daskrl.Collector(env, TagPolicy(), str(tmp_path / "s"), client=inproc_client,
-                         envs_per_worker=2, frames_per_batch=40, total_frames=None) as c,
-        pytest.raises(EnvError, match=r"has run an episode of \d+ steps without terminating or "
-                                      r"truncating\. Set max_frames_per_traj"),
-    ):
-        for _ in c:
-            pass
-
-
 def test_a_store_protocol_without_its_package_says_what_to_install(tmp_path):
     with pytest.raises(daskrl.StoreError, match=r"Install the fsspec backend for this protocol"):
         daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), "gcs://bucket/run-1")

@@ -8,7 +8,8 @@ import torch
 import daskrl
 from daskrl.testing import TagPolicy, worker_weights
 from daskrl.weights import load_weights, policy_spec, snapshot, weights_layout
-from daskrl.weights._shm import SegmentPool, SharedWeightsReader
+from daskrl.weights._segments import SegmentPool
+from daskrl.weights._shared_reader import SharedWeightsReader
 
 pytestmark = pytest.mark.gpu
 

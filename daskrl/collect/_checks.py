@@ -11,7 +11,7 @@ import torch
 from daskrl.errors import PolicyError, StoreError
 from daskrl.store._store import TrajectoryStore
 from daskrl.worker._envs import EnvSpec
-from daskrl.worker._rollout import check_action, check_extras, split_policy_output
+from daskrl.worker._policy_output import check_action, check_extras, split_policy_output
 
 __all__ = ["check_policy_output", "check_probe"]
 

@@ -42,7 +42,8 @@ from daskrl.store._store import (
 from daskrl.weights._publish import WeightsPublisher, process_token
 from daskrl.weights._snapshot import PolicyLike, policy_spec, resolve_policy
 from daskrl.worker._envs import EnvLike, EnvSpec
-from daskrl.worker._plugin import CollectorPlugin, probe_store
+from daskrl.worker._plugin import CollectorPlugin
+from daskrl.worker._tasks import probe_store
 
 __all__ = ["Collector"]
 

@@ -20,7 +20,7 @@ from daskrl.config import CollectorConfig
 from daskrl.store._handles import BatchHandle
 from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import WeightsSnapshot
-from daskrl.worker._plugin import BatchTask
+from daskrl.worker._tasks import BatchTask
 
 __all__ = ["Run"]
 

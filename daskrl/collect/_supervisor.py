@@ -26,7 +26,7 @@ from daskrl.collect._planner import stream_placement
 from daskrl.errors import ClusterError, ClusterTimeoutError, DaskrlError, WeightsNotSharedError
 from daskrl.store._handles import BatchHandle
 from daskrl.weights._publish import WeightsPublisher
-from daskrl.worker._plugin import BatchTask, collect_batch
+from daskrl.worker._tasks import BatchTask, collect_batch
 
 __all__ = ["Supervisor", "Workers", "scheduler"]
 

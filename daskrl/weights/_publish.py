@@ -24,15 +24,10 @@ import torch
 from distributed import Client, Future
 
 from daskrl.errors import ClusterTimeoutError, DaskrlError, PolicyError, WeightsNotSharedError
-from daskrl.weights._shm import SegmentPool, SharedWeights
+from daskrl.weights._segments import SegmentPool, SharedWeights
 from daskrl.weights._snapshot import WeightsSnapshot, snapshot, weights_layout
-from daskrl.worker._plugin import (
-    IN_PROCESS_WEIGHTS,
-    WeightsRef,
-    preload_shared_weights,
-    preload_weights,
-    weights_name,
-)
+from daskrl.worker._tasks import preload_shared_weights, preload_weights
+from daskrl.worker._weights_cache import IN_PROCESS_WEIGHTS, WeightsRef, weights_name
 
 __all__ = ["Cluster", "WeightsPublisher", "process_token"]
 

@@ -121,7 +121,7 @@ def _named_tensors(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], di
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[int, str] = {}
-    named = list(module.named_parameters(remove_duplicate=False))
+    named: list[tuple[str, torch.Tensor]] = list(module.named_parameters(remove_duplicate=False))
     named += list(module.named_buffers(remove_duplicate=False))
     for name, t in named:
         if id(t) in seen:
@@ -225,7 +225,7 @@ def get_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
     """The parameter or buffer ``name`` (dotted) of ``module`` itself, not a copy."""
     prefix, _, leaf = name.rpartition(".")
     parent = module.get_submodule(prefix)
-    t = parent._parameters.get(leaf)
+    t: torch.Tensor | None = parent._parameters.get(leaf)
     if t is None:
         t = parent._buffers.get(leaf)
     if t is None:
@@ -257,7 +257,7 @@ def policy_spec(
     module: torch.nn.Module, factory: Callable[[], torch.nn.Module] | None
 ) -> PolicySpec:
     """Describe how workers rebuild ``module``; check it can be pickled now, on the learner."""
-    import cloudpickle
+    import cloudpickle  # type: ignore[import-untyped]
 
     _, aliases = _named_tensors(module)
     try:

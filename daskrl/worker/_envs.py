@@ -13,9 +13,12 @@ from gymnasium import spaces
 
 from daskrl.errors import ConfigError, EnvError
 
-__all__ = ["EnvLike", "EnvSpec"]
+__all__ = ["ENDLESS_EPISODE_STEPS", "EnvLike", "EnvSpec"]
 
 EnvLike = str | Callable[[], gym.Env]
+
+ENDLESS_EPISODE_STEPS = 1_000_000
+"""Default of :attr:`EnvSpec.endless_episode_steps`."""
 
 SUPPORTED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
@@ -39,8 +42,14 @@ class EnvSpec:
     """Keyword arguments for ``gymnasium.make`` (id form only)."""
     max_episode_steps: int | None = None
     """Truncate episodes at this many steps (``gymnasium.wrappers.TimeLimit``)."""
+    endless_episode_steps: int = ENDLESS_EPISODE_STEPS
+    """An episode this long without an end is taken for an env that never ends one (an
+    :class:`~daskrl.EnvError` at the end of the batch that reaches it)."""
 
     def __post_init__(self) -> None:
+        limit = self.endless_episode_steps
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(f"endless_episode_steps must be a positive int, got {limit!r}.")
         if isinstance(self.env, str):
             return
         if not callable(self.env):
@@ -142,4 +151,4 @@ def check_env_vars(env_vars: Mapping[str, Any]) -> dict[str, str]:
 
 def space_dtype(space: gym.Space) -> np.dtype:
     """The numpy dtype of one element of ``space``."""
-    return np.dtype(space.dtype)  # type: ignore[arg-type]
+    return np.dtype(space.dtype)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -18,13 +17,17 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from daskrl.errors import BatchTimeoutError, EnvError, PolicyError
+from daskrl.errors import BatchTimeoutError, EnvError
 from daskrl.worker._envs import EnvSpec, space_dtype
+from daskrl.worker._policy_output import (
+    check_action,
+    check_extras,
+    policy_error,
+    split_policy_output,
+    to_numpy,
+)
 
-__all__ = ["EPISODE_ID_STRIDE", "EnvSet", "check_action", "check_extras", "split_policy_output"]
-
-MAX_EPISODE_STEPS = 1_000_000
-"""An episode this long without an end is taken for an env that never ends one."""
+__all__ = ["EPISODE_ID_STRIDE", "EnvSet"]
 
 EPISODE_ID_STRIDE = 1 << 24
 """``episode_id = batch_id * EPISODE_ID_STRIDE + step * E + env``: of the batch it started in."""
@@ -35,109 +38,6 @@ def _env_error(what: str, e: BaseException) -> EnvError:
     chains do not survive pickling from a Dask worker."""
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
     return EnvError(f"{what}: {e!r}\n--- the env's traceback, on the worker ---\n{tb}")
-
-
-def split_policy_output(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``(action, extras)`` from a policy's output: a tensor, or a dict with ``"action"``."""
-    if isinstance(out, torch.Tensor):
-        return out, {}
-    if isinstance(out, Mapping):
-        if "action" not in out:
-            raise PolicyError(
-                f"the policy returned a mapping with keys {sorted(out)}, which lacks 'action'. "
-                "Return a tensor, or a dict with an 'action' entry plus extra outputs."
-            )
-        extras = {}
-        for k, v in out.items():
-            if not isinstance(v, torch.Tensor):
-                raise PolicyError(f"policy output {k!r} is {type(v).__name__}, expected a tensor.")
-            if k != "action":
-                extras[str(k)] = v
-        return out["action"], extras
-    raise PolicyError(
-        f"the policy returned {type(out).__name__}; expected an action tensor [E, *action] or "
-        "a dict {'action': ..., other per-step outputs}."
-    )
-
-
-def check_action(action: torch.Tensor, space: gym.Space, n_envs: int, env_name: str) -> None:
-    """Raise :class:`PolicyError` unless ``action`` fits ``space`` for ``n_envs`` envs."""
-    expected = (n_envs, *space.shape)  # type: ignore[misc]
-    if tuple(action.shape) != expected:
-        raise PolicyError(
-            f"policy output 'action' has shape {tuple(action.shape)}, but env {env_name} has "
-            f"action space {space!r}: expected {expected} for {n_envs} envs."
-        )
-    integral = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
-    if integral and action.dtype.is_floating_point:
-        raise PolicyError(
-            f"policy output 'action' has dtype {action.dtype}, but env {env_name} has the "
-            f"discrete action space {space!r}: return integer actions (e.g. argmax or sample)."
-        )
-    if isinstance(space, spaces.Box) and not (
-        action.dtype.is_floating_point or space.dtype.kind in "iu"
-    ):
-        raise PolicyError(
-            f"policy output 'action' has dtype {action.dtype}; env {env_name} has the "
-            f"continuous action space {space!r}: return floating-point actions."
-        )
-    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
-        a = action.detach().cpu().numpy()
-        low = space.start
-        high = space.start + (space.n if isinstance(space, spaces.Discrete) else space.nvec)
-        if np.any(a < low) or np.any(a >= high):
-            raise PolicyError(
-                f"policy output 'action' has values outside env {env_name}'s action space "
-                f"{space!r} (got min {a.min()}, max {a.max()})."
-            )
-
-
-RESERVED_KEYS = frozenset({"observation", "next_observation", "action", "reward", "terminated",
-                           "truncated", "episode_id", "step"})
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU numpy array of a policy output; bfloat16 (no numpy dtype) becomes float32.
-
-    It may share memory with ``t``: callers copy it into their buffers at once.
-    """
-    if t.is_cpu and t.dtype != torch.bfloat16 and not t.requires_grad:
-        return t.numpy()
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-    return t.cpu().numpy()
-
-
-def check_extras(extras: Mapping[str, torch.Tensor], n_envs: int) -> None:
-    """Raise :class:`PolicyError` unless every extra output has a storable name and the envs
-    first (``[n_envs, ...]``). Run on the learner's sample output and on each batch's first."""
-    for name, v in extras.items():
-        if name in RESERVED_KEYS or not name.isidentifier():
-            raise PolicyError(
-                f"the policy returned an extra output named {name!r}; extra outputs are stored "
-                f"under their own names, which must be identifiers other than "
-                f"{sorted(RESERVED_KEYS)}. Rename it."
-            )
-        if tuple(v.shape[:1]) != (n_envs,):
-            raise PolicyError(
-                f"policy output {name!r} has shape {tuple(v.shape)}; per-step outputs must have "
-                f"the envs first: ({n_envs}, ...)."
-            )
-
-
-def _policy_error(e: BaseException, env_name: str, t: int, batch_id: int,
-                  obs: torch.Tensor) -> PolicyError:
-    """A :class:`PolicyError` for a policy that raised while collecting, with its traceback in
-    the message (exception chains do not survive pickling from a Dask worker)."""
-    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
-    return PolicyError(
-        f"the policy raised at step {t} of batch {batch_id} on the observations of env "
-        f"{env_name} (tensor {tuple(obs.shape)} {obs.dtype} on {obs.device}): {e!r}. It ran on "
-        "the learner's sample observations: check what differs on the worker (its files, "
-        "environment variables, device, or the env's real observations)."
-        f"\n--- the policy's traceback, on the worker ---\n{tb}"
-    )
 
 
 def _is_flag(x: Any) -> bool:
@@ -246,19 +146,19 @@ class EnvSet:
                 with no_grad:
                     policy_out = policy(obs_t)
             except Exception as e:
-                raise _policy_error(e, self.spec.name, t, batch_id, obs_t) from e
+                raise policy_error(e, self.spec.name, t, batch_id, obs_t) from e
             action_t, extra_t = split_policy_output(policy_out)
             if t == 0:
                 check_action(action_t, self.act_space, E, self.spec.name)
                 check_extras(extra_t, E)
-            action = _to_numpy(action_t)
+            action = to_numpy(action_t)
             if t == 0:
                 out["action"] = np.empty((steps, *action.shape), action.dtype)
                 for k, v in extra_t.items():
-                    v_np = _to_numpy(v)
+                    v_np = to_numpy(v)
                     extras[k] = np.empty((steps, *v_np.shape), v_np.dtype)
             for k, v in extra_t.items():
-                extras[k][t] = _to_numpy(v)
+                extras[k][t] = to_numpy(v)
             if t < random_steps:
                 action = (
                     np.stack([env.action_space.sample() for env in self.envs])
@@ -268,9 +168,9 @@ class EnvSet:
             out["action"][t] = action
             env_actions = self._env_actions(action)
             next_obs = out["next_observation"][t]
-            rewards = [0.0] * E
-            terminated = [False] * E
-            truncated = [False] * E
+            rewards: list[Any] = [0.0] * E  # what each env returned, checked below
+            terminated: list[Any] = [False] * E
+            truncated: list[Any] = [False] * E
             for i, env in enumerate(self.envs):
                 try:
                     nobs, rewards[i], terminated[i], truncated[i], _ = env.step(env_actions[i])
@@ -299,17 +199,17 @@ class EnvSet:
             self.episode_return += reward_a  # float64 sums of the env's own rewards
             self.episode_step += 1
             self.obs[...] = next_obs
-            for i in np.flatnonzero(out["terminated"][t] | out["truncated"][t]):
-                returns.append(float(self.episode_return[i]))
-                lengths.append(int(self.episode_step[i]))
-                self._reset(int(i), batch_id, t + 1)
+            for done in np.flatnonzero(out["terminated"][t] | out["truncated"][t]):
+                returns.append(float(self.episode_return[done]))
+                lengths.append(int(self.episode_step[done]))
+                self._reset(int(done), batch_id, t + 1)
             if deadline is not None and time.monotonic() > deadline:
                 raise BatchTimeoutError(
                     f"batch {batch_id} ran past its deadline of {batch_timeout:g}s at step {t} of "
                     f"{steps} (env {self.spec.name}); it was stopped and its partial data "
                     "discarded. Raise batch_timeout or lower frames_per_batch."
                 )
-        if self.episode_step.max() >= MAX_EPISODE_STEPS:
+        if self.episode_step.max() >= self.spec.endless_episode_steps:
             i = int(self.episode_step.argmax())
             raise EnvError(
                 f"env {self.spec.name} (env index {i}) has run an episode of "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import gymnasium as gym
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from daskrl import EnvError, PolicyError
+from daskrl import ConfigError, EnvError, PolicyError
 from daskrl.policies import MLPPolicy
 from daskrl.testing import ConstantPolicy, CountingEnv, TagPolicy
 from daskrl.worker._envs import EnvSpec
@@ -140,22 +141,16 @@ def test_unknown_env_id_names_the_full_id():
         EnvSpec("CartPol-v1").probe()
 
 
-def test_every_daskrl_error_survives_dasks_error_transport():
-    """A worker's error reaches the learner as itself (Dask pickles it with tblib)."""
-    import inspect
+def test_an_env_that_never_ends_an_episode_is_named():
+    spec = EnvSpec(functools.partial(CountingEnv, 10**9), endless_episode_steps=50)
+    envset = EnvSet(spec, 2, seed=0, stream=0)
+    envset.collect(TagPolicy(), CPU, 30, batch_id=0)  # 30 steps: not yet endless
+    with pytest.raises(EnvError, match=r"\(env index 0\) has run an episode of 60 steps without "
+                                       r"terminating or truncating\. Set max_frames_per_traj"):
+        envset.collect(TagPolicy(), CPU, 30, batch_id=1)
 
-    from distributed.core import error_message
-    from distributed.protocol import pickle as dask_pickle
 
-    import daskrl.errors as errors
-
-    for name, cls in inspect.getmembers(errors, inspect.isclass):
-        if not issubclass(cls, errors.DaskrlError):
-            continue
-        try:
-            raise cls("what was wrong\nand what to do")
-        except cls as e:
-            msg = error_message(e)
-        exc = dask_pickle.loads(msg["exception"].data)  # what the learner unpickles
-        assert type(exc) is cls, name
-        assert "what to do" in str(exc), name
+@pytest.mark.parametrize("limit", [0, -1, 2.5, True])
+def test_the_endless_episode_limit_must_be_a_positive_int(limit):
+    with pytest.raises(ConfigError, match="endless_episode_steps must be a positive int"):
+        EnvSpec("CartPole-v1", endless_episode_steps=limit)

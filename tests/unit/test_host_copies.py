@@ -1,4 +1,4 @@
-"""The per-host copy of Dask-sent weights (daskrl.weights._shm.HostCopies), on real files."""
+"""The per-host copy of Dask-sent weights (daskrl.weights._host_copies.HostCopies), on real files."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from daskrl import WeightsIntegrityError
 from daskrl.testing import TagPolicy
 from daskrl.weights import snapshot
-from daskrl.weights._shm import HostCopies, SharedWeightsReader
+from daskrl.weights._host_copies import HostCopies
+from daskrl.weights._shared_reader import SharedWeightsReader
 
 
 def _policy(value: float) -> torch.nn.Module:
@@ -89,7 +90,7 @@ def test_a_copy_of_another_user_is_not_trusted(tmp_path):
 def test_copies_of_killed_workers_are_swept(tmp_path):
     """A SIGKILLed worker never closes its copies: the next copy made on the host removes
     them (its segment, then the manifest pointing at it)."""
-    code = ("import sys, os; from daskrl.weights._shm import HostCopies; "
+    code = ("import sys, os; from daskrl.weights._host_copies import HostCopies; "
             "from daskrl.weights import snapshot; from daskrl.testing import TagPolicy; "
             f"c = HostCopies('c5', directory={str(tmp_path)!r}); c.claim('v1'); "
             "c.publish('v1', snapshot(TagPolicy(), 1)); os._exit(0)")

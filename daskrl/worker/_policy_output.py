@@ -1,0 +1,125 @@
+"""A policy's output on a worker: split into the action and extra outputs, and checked.
+
+The learner runs these checks once on its sample observations, and each batch on its first
+step: the action must fit the env's action space for ``E`` envs, extra outputs must have a
+storable name and the envs first.  Errors are :class:`~daskrl.PolicyError` naming what to fix.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from daskrl.errors import PolicyError
+
+__all__ = ["RESERVED_KEYS", "check_action", "check_extras", "policy_error", "split_policy_output",
+           "to_numpy"]
+
+
+def split_policy_output(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(action, extras)`` from a policy's output: a tensor, or a dict with ``"action"``."""
+    if isinstance(out, torch.Tensor):
+        return out, {}
+    if isinstance(out, Mapping):
+        if "action" not in out:
+            raise PolicyError(
+                f"the policy returned a mapping with keys {sorted(out)}, which lacks 'action'. "
+                "Return a tensor, or a dict with an 'action' entry plus extra outputs."
+            )
+        extras = {}
+        for k, v in out.items():
+            if not isinstance(v, torch.Tensor):
+                raise PolicyError(f"policy output {k!r} is {type(v).__name__}, expected a tensor.")
+            if k != "action":
+                extras[str(k)] = v
+        return out["action"], extras
+    raise PolicyError(
+        f"the policy returned {type(out).__name__}; expected an action tensor [E, *action] or "
+        "a dict {'action': ..., other per-step outputs}."
+    )
+
+
+def check_action(action: torch.Tensor, space: gym.Space, n_envs: int, env_name: str) -> None:
+    """Raise :class:`PolicyError` unless ``action`` fits ``space`` for ``n_envs`` envs."""
+    expected = (n_envs, *space.shape)  # type: ignore[misc]
+    if tuple(action.shape) != expected:
+        raise PolicyError(
+            f"policy output 'action' has shape {tuple(action.shape)}, but env {env_name} has "
+            f"action space {space!r}: expected {expected} for {n_envs} envs."
+        )
+    integral = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
+    if integral and action.dtype.is_floating_point:
+        raise PolicyError(
+            f"policy output 'action' has dtype {action.dtype}, but env {env_name} has the "
+            f"discrete action space {space!r}: return integer actions (e.g. argmax or sample)."
+        )
+    if isinstance(space, spaces.Box) and not (
+        action.dtype.is_floating_point or space.dtype.kind in "iu"
+    ):
+        raise PolicyError(
+            f"policy output 'action' has dtype {action.dtype}; env {env_name} has the "
+            f"continuous action space {space!r}: return floating-point actions."
+        )
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        a = action.detach().cpu().numpy()
+        low = space.start
+        high = space.start + (space.n if isinstance(space, spaces.Discrete) else space.nvec)
+        if np.any(a < low) or np.any(a >= high):
+            raise PolicyError(
+                f"policy output 'action' has values outside env {env_name}'s action space "
+                f"{space!r} (got min {a.min()}, max {a.max()})."
+            )
+
+
+RESERVED_KEYS = frozenset({"observation", "next_observation", "action", "reward", "terminated",
+                           "truncated", "episode_id", "step"})
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU numpy array of a policy output; bfloat16 (no numpy dtype) becomes float32.
+
+    It may share memory with ``t``: callers copy it into their buffers at once.
+    """
+    if t.is_cpu and t.dtype != torch.bfloat16 and not t.requires_grad:
+        return t.numpy()
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.cpu().numpy()
+
+
+def check_extras(extras: Mapping[str, torch.Tensor], n_envs: int) -> None:
+    """Raise :class:`PolicyError` unless every extra output has a storable name and the envs
+    first (``[n_envs, ...]``). Run on the learner's sample output and on each batch's first."""
+    for name, v in extras.items():
+        if name in RESERVED_KEYS or not name.isidentifier():
+            raise PolicyError(
+                f"the policy returned an extra output named {name!r}; extra outputs are stored "
+                f"under their own names, which must be identifiers other than "
+                f"{sorted(RESERVED_KEYS)}. Rename it."
+            )
+        if tuple(v.shape[:1]) != (n_envs,):
+            raise PolicyError(
+                f"policy output {name!r} has shape {tuple(v.shape)}; per-step outputs must have "
+                f"the envs first: ({n_envs}, ...)."
+            )
+
+
+def policy_error(e: BaseException, env_name: str, t: int, batch_id: int,
+                  obs: torch.Tensor) -> PolicyError:
+    """A :class:`PolicyError` for a policy that raised while collecting, with its traceback in
+    the message (exception chains do not survive pickling from a Dask worker)."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
+    return PolicyError(
+        f"the policy raised at step {t} of batch {batch_id} on the observations of env "
+        f"{env_name} (tensor {tuple(obs.shape)} {obs.dtype} on {obs.device}): {e!r}. It ran on "
+        "the learner's sample observations: check what differs on the worker (its files, "
+        "environment variables, device, or the env's real observations)."
+        f"\n--- the policy's traceback, on the worker ---\n{tb}"
+    )

@@ -1,0 +1,161 @@
+"""Getting a weights version into a worker's policy, from wherever the learner put it.
+
+A batch names its weights version and where it is (:data:`WeightsRef`).  :class:`WeightsCache`
+loads it from, in this order: the learner's own snapshot (in-process workers,
+:data:`IN_PROCESS_WEIGHTS`), the learner's shared memory (a :class:`SharedWeights` manifest),
+this worker's own memory (the broadcast seeded it here), this host's copy (another worker of
+the host fetched it), or fetched through Dask and then left as the host's copy.  Every path
+checks the learner's checksums.  The cache keeps the shared-memory mappings and the host copies
+this worker made, until :meth:`WeightsCache.close`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from distributed import Future, get_client
+
+from daskrl.errors import WeightsNotSharedError, WeightsUnavailableError
+from daskrl.weights._host_copies import HostCopies
+from daskrl.weights._segments import SharedWeights
+from daskrl.weights._shared_reader import SharedWeightsReader
+from daskrl.weights._snapshot import WeightsSnapshot, load_weights
+from daskrl.worker._distributed import local_data, this_worker
+
+__all__ = ["IN_PROCESS_WEIGHTS", "WEIGHTS_FETCH_TIMEOUT", "WeightsCache", "WeightsRef",
+           "weights_name"]
+
+WEIGHTS_FETCH_TIMEOUT = 120.0
+"""Default seconds a worker waits for a Dask-sent version (a lost one is scattered again)."""
+
+IN_PROCESS_WEIGHTS: dict[str, WeightsSnapshot] = {}
+"""Published weights by name, for workers that share the learner's process (``processes=False``):
+they read the learner's snapshot in place. (Futures of in-process clusters are not serialized,
+so a worker's client cannot resolve the published one.)"""
+
+WeightsRef = str | SharedWeights
+"""How a task finds its weights version: the data key it was scattered under, or the manifest
+of its copy in the learner's shared memory."""
+
+SOURCES = ("in-process", "shared-memory", "seed", "host-copy", "dask")
+"""Where a version came from: the learner's snapshot in this process, the learner's shared
+memory, this worker's own memory, another worker's copy on this host, or fetched through Dask."""
+
+
+def weights_name(plugin_name: str, version: int) -> str:
+    """Name under which a weights version is published (workers fetch it by this name)."""
+    return f"{plugin_name}-weights-v{version}"
+
+
+class WeightsCache:
+    """One worker's means of loading weights versions, for the collector ``plugin_name``."""
+
+    def __init__(self, plugin_name: str, where: str = "worker",
+                 fetch_timeout: float = WEIGHTS_FETCH_TIMEOUT) -> None:
+        self.plugin_name = plugin_name
+        self.where = where
+        """How messages name this worker."""
+        self.fetch_timeout = fetch_timeout
+        self.sources: list[tuple[int, str]] = []
+        """``(version, source)`` per version loaded, in order (see :data:`SOURCES`)."""
+        self.shared = SharedWeightsReader()  # mappings of the learner's shared-memory weights
+        self.host_copies = HostCopies(plugin_name)  # this host's copies of Dask-sent versions
+
+    def load(self, policy: torch.nn.Module, version: int, weights: WeightsRef,
+             fallback: bool = True) -> str:
+        """Copy weights ``version`` into ``policy``; return where they came from.
+
+        If shared memory cannot be read here, ``fallback`` looks for a published copy first
+        (the learner may have switched to Dask transfers meanwhile; this needs a task thread).
+        On an error, ``policy`` may hold a mix of versions.
+        """
+        name = weights_name(self.plugin_name, version)
+        in_process = IN_PROCESS_WEIGHTS.get(name)
+        if in_process is not None:
+            load_weights(policy, in_process)
+            source = "in-process"
+        elif isinstance(weights, SharedWeights):
+            try:
+                self.shared.load(policy, weights, self.where)
+                source = "shared-memory"
+            except WeightsNotSharedError:
+                # The learner switches to Dask transfers when it hears of this.
+                if not fallback:
+                    raise
+                published = get_client().get_dataset(name, default=None)
+                if published is None:
+                    raise
+                load_weights(policy, published.result(timeout=self.fetch_timeout))
+                source = "dask"
+        else:
+            source = self._load_through_dask(policy, version, name, weights)
+        self.sources.append((version, source))
+        return source
+
+    def _load_through_dask(self, policy: torch.nn.Module, version: int, name: str,
+                           key: str) -> str:
+        """Load a version the learner sent through Dask: from this worker's memory (it is
+        the version's seed), from this host's copy (another worker of the host fetched it),
+        or fetched from a worker holding it, then left as this host's copy."""
+        local = local_data(this_worker(), key)
+        if isinstance(local, WeightsSnapshot):
+            load_weights(policy, local)
+            return "seed"
+        copy_key = f"v{version}"
+        copy = self.host_copies.manifest(copy_key, wait=False)
+        claimed = copy is None and self.host_copies.claim(copy_key)
+        if copy is None and not claimed:
+            copy = self.host_copies.manifest(copy_key, wait=True)
+        if copy is not None:
+            try:
+                self.shared.load(policy, copy, self.where)
+                return "host-copy"
+            except WeightsNotSharedError:  # removed meanwhile: fetch it
+                pass
+        try:
+            snap = self._fetch(version, name)
+            load_weights(policy, snap)  # verifies the learner's checksums
+        except BaseException:
+            if claimed:
+                self.host_copies.release(copy_key)
+            raise
+        if claimed:
+            self.host_copies.publish(copy_key, snap)
+        return "dask"
+
+    def _fetch(self, version: int, name: str) -> WeightsSnapshot:
+        """Fetch the published weights ``name``; wait out a re-publication if they were lost."""
+        deadline = time.monotonic() + self.fetch_timeout
+        client = get_client()
+        while True:
+            # A published dataset: the scheduler registers this worker's client as wanting the
+            # key, and the data comes straight from a worker holding it.
+            fut: Future | None = client.get_dataset(name, default=None)
+            if fut is None:
+                raise WeightsUnavailableError(
+                    f"{self.where}: weights version {version} ({name!r}) is no longer "
+                    "published; was the collector closed?"
+                )
+            try:
+                snap = fut.result(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+            except Exception as e:
+                # Lost with the worker that held it: the learner scatters it again under
+                # the same name.
+                if time.monotonic() > deadline:
+                    raise WeightsUnavailableError(
+                        f"{self.where} could not fetch weights version {version} within "
+                        f"{self.fetch_timeout:.0f}s; is the learner alive?"
+                    ) from e
+                continue
+            if not isinstance(snap, WeightsSnapshot):
+                raise WeightsUnavailableError(
+                    f"{self.where}: {name!r} holds a {type(snap).__name__}, not weights "
+                    f"version {version}; was another collector given the same name?"
+                )
+            return snap
+
+    def close(self) -> None:
+        """Drop every mapping and remove the host copies this worker made."""
+        self.shared.close()
+        self.host_copies.close()
