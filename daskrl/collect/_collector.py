@@ -21,7 +21,7 @@ from distributed import Client, Future, LocalCluster, as_completed, wait
 from daskrl.collect._stats import CollectionStats
 from daskrl.config import CollectorConfig, Compression, check_mapping, check_seconds
 from daskrl.deploy._cluster import local_cluster
-from daskrl.deploy._versions import acheck_versions, check_versions
+from daskrl.deploy._package_versions import acheck_versions, check_versions
 from daskrl.errors import (
     ClusterTimeoutError,
     CollectorClosedError,
