@@ -60,59 +60,86 @@ def check_seconds(name: str, value: Any, *, allow_none: bool = False) -> None:
 class CollectorConfig:
     """Algorithm-side settings of a collection run (see :class:`daskrl.Collector`)."""
 
-    envs_per_worker: int = 8
+    envs_per_worker: int = dataclasses.field(default=8, metadata={
+        "help": "environments stepped together in one task (the E of a [T, E] batch)"})
     """Environments stepped together in one task (the ``E`` of a ``[T, E]`` batch)."""
-    frames_per_batch: int = 4096
+    frames_per_batch: int = dataclasses.field(default=4096, metadata={
+        "help": "env steps per batch, summed over its envs; a multiple of envs_per_worker"})
     """Env steps summed over the batch's envs; a multiple of ``envs_per_worker``."""
-    total_frames: int | None = 200_000
+    total_frames: int | None = dataclasses.field(default=200_000, metadata={
+        "help": "frames to collect in all (exact); 'none': until interrupted"})
     """Frames to collect in all (exact); ``None`` collects until the collector is closed."""
-    max_frames_per_traj: int | None = None
+    max_frames_per_traj: int | None = dataclasses.field(default=None, metadata={
+        "help": "truncate episodes longer than this (truncated=True is stored)"})
     """Truncate episodes longer than this (``truncated=True`` is stored)."""
-    init_random_frames: int = 0
+    init_random_frames: int = dataclasses.field(default=0, metadata={
+        "help": "the first frames of the run use actions sampled from the action space"})
     """The first frames of the run use actions sampled from the action space."""
-    reset_at_each_iter: bool = False
+    reset_at_each_iter: bool = dataclasses.field(default=False, metadata={
+        "help": "reset every env at the start of each batch instead of continuing episodes"})
     """Reset every env at the start of each batch instead of continuing episodes."""
-    sync: bool = True
+    sync: bool = dataclasses.field(default=True, metadata={
+        "help": "rounds of batches on one weights version; off: first finished, first out"})
     """True: rounds of batches on one weights version; False: first finished, first out."""
-    seed: int = 0
+    seed: int = dataclasses.field(
+        default=0, metadata={"help": "root of every env's and policy's random stream"})
     """Root of every env's and policy's random stream."""
-    num_workers: int | None = None
+    num_workers: int | None = dataclasses.field(default=None, metadata={
+        "help": "batches collected in parallel (default: the cluster's worker count)"})
     """Batches collected in parallel (default: the cluster's worker count)."""
-    batches_in_flight: int = 2
+    batches_in_flight: int = dataclasses.field(default=2, metadata={
+        "help": "with sync off: batches queued or running per stream (backpressure)"})
     """``sync=False``: batches queued or running per stream. Two keep a worker busy while the
     learner takes the previous handle; it also bounds what the store and memory hold ahead of
     a slow learner (backpressure)."""
-    compression: Compression = Compression.ZSTD
+    compression: Compression = dataclasses.field(default=Compression.ZSTD, metadata={
+        "help": "compressor for the stored chunks (a checksum is always added)"})
     """Compressor for the stored chunks."""
-    batch_timeout: float | None = None
+    batch_timeout: float | None = dataclasses.field(default=None, metadata={
+        "help": "seconds a batch may take on its worker before it is stopped and discarded"})
     """Seconds a batch may take on its worker; past it the batch is stopped (checked between
     steps) and its partial data discarded. Dask has no task timeout of its own."""
-    on_env_error: str = "raise"
+    on_env_error: str = dataclasses.field(default="raise", metadata={
+        "help": "on an env error: 'raise' ends collection; 'restart' rebuilds the stream's "
+                "envs and collects the batch again"})
     """``"raise"``: an env error ends collection with an error naming env, worker, step and
     weights version. ``"restart"``: rebuild the stream's envs and collect the batch again (up
     to ``max_env_restarts`` times; counted in ``BatchHandle.env_restarts``)."""
-    max_env_restarts: int = 3
+    max_env_restarts: int = dataclasses.field(default=3, metadata={
+        "help": "with on_env_error='restart': env rebuilds allowed per batch before the error "
+                "is raised"})
     """With ``on_env_error="restart"``: rebuilds allowed per batch before the error is raised."""
-    max_policy_lag: int | None = None
+    max_policy_lag: int | None = dataclasses.field(default=None, metadata={
+        "help": "drop (and collect again) a batch more than this many weights versions behind "
+                "the learner's newest at hand-over ('none': no limit)"})
     """Hand over no batch whose policy lag (the learner's newest weights version at hand-over
     minus the batch's ``weights_version``) exceeds this: such a batch is dropped and its frames
     are collected again with the newest weights, so the learner still gets ``total_frames``.
     A dropped batch stays committed in the store (it is real data, and commits are never
     undone); ``Collector.summary()["dropped_stale"]`` counts them. ``None``: no limit."""
-    device: DeviceSetting = "auto"
+    device: DeviceSetting = dataclasses.field(default="auto", metadata={
+        "help": "policy device on workers", "flag": "by hand"})
     """The policy's device on each worker: ``"auto"`` (a GPU if the worker has one), a device,
     or ``{worker name: device}``."""
-    env_kwargs: Mapping[str, Any] | None = None
+    env_kwargs: Mapping[str, Any] | None = dataclasses.field(default=None, metadata={
+        "help": "keyword arguments for gymnasium.make", "flag": "by hand"})
     """Keyword arguments for ``gymnasium.make`` (with an env id)."""
-    env_vars: Mapping[str, Any] | None = None
+    env_vars: Mapping[str, Any] | None = dataclasses.field(default=None, metadata={
+        "help": "environment variables set on workers", "flag": "by hand"})
     """Environment variables set on every worker before its envs are built."""
-    lost_workers_timeout: float = 60.0
+    lost_workers_timeout: float = dataclasses.field(default=60.0, metadata={
+        "help": "seconds the cluster may have no workers before collection stops with an "
+                "error"})
     """Seconds the cluster may have no worker at all before collection fails."""
-    call_timeout: float = 30.0
+    call_timeout: float = dataclasses.field(default=30.0, metadata={
+        "help": "seconds any one call to the scheduler or a worker may take (a cut-off host "
+                "fails it instead of hanging the learner)"})
     """Seconds any one call to the cluster on the learner's path may take (publishing or
     loading weights, probing the store, asking the scheduler); also how long a worker may stay
     silent before the collector stops using it (its batches are submitted again elsewhere)."""
-    shared_memory: bool = True
+    shared_memory: bool = dataclasses.field(default=True, metadata={
+        "help": "weights through one shared-memory copy for workers on the learner's host",
+        "flag": "by hand"})
     """Workers on the learner's machine read each weights version from one copy in shared
     memory instead of receiving it over a socket (Dask transfers for the others)."""
 

@@ -11,6 +11,7 @@ import pytest
 
 import daskrl
 from daskrl import deploy
+from daskrl.errors import ClusterError
 
 
 def test_local_deployment_starts_and_closes_its_cluster():
@@ -54,6 +55,6 @@ def test_nothing_listening_fails_fast_with_the_address():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     address = f"tcp://127.0.0.1:{port}"
-    with pytest.raises(daskrl.DaskrlError, match=re.escape(
+    with pytest.raises(ClusterError, match=re.escape(
             f"nothing accepts connections at {address} (the scheduler): ")):
         deploy.connect(address, timeout=5)

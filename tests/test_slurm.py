@@ -26,6 +26,7 @@ from cli_cluster import Processes, make_tls_files, wait_for_file
 import daskrl
 from daskrl import deploy
 from daskrl.cli import main as cli_main
+from daskrl.errors import MissingDependencyError
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM = ROOT / "deploy" / "slurm"
@@ -212,7 +213,7 @@ def test_slurm_settings_that_would_leak_or_fail_are_clear_errors(tmp_path, monke
             "jobqueue_config '/nonexistent/jobqueue.yaml' does not exist.")):
         deploy.connect("slurm", jobqueue_config="/nonexistent/jobqueue.yaml")
     monkeypatch.setitem(sys.modules, "dask_jobqueue", None)  # as if not installed
-    with pytest.raises(daskrl.DaskrlError, match=re.escape(
+    with pytest.raises(MissingDependencyError, match=re.escape(
             "cluster='slurm' needs dask-jobqueue, which is not installed: "
             'pip install "daskrl[slurm]"')):
         deploy.connect("slurm")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from daskrl.deploy._versions import (
+from daskrl.deploy._package_versions import (
     CHECKED_PACKAGES,
     check_versions,
     version_differences,

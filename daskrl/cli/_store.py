@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from daskrl.errors import DaskrlError
+from daskrl.errors import MissingDependencyError
 
 __all__ = ["add_store_commands", "run_store_command"]
 
@@ -70,7 +70,7 @@ def run_store_command(args: argparse.Namespace) -> int | None:
             try:
                 import matplotlib  # noqa: F401
             except ImportError as e:
-                raise DaskrlError(
+                raise MissingDependencyError(
                     f"--plot needs matplotlib, which is not installed ({e}). "
                     'Install it with: pip install "daskrl[plot]"'
                 ) from None

@@ -30,7 +30,7 @@ from daskrl.collect._run import Run
 from daskrl.collect._supervisor import Workers
 from daskrl.config import CollectorConfig, CollectorOptions
 from daskrl.deploy._cluster import local_cluster
-from daskrl.deploy._versions import acheck_versions
+from daskrl.deploy._package_versions import acheck_versions
 from daskrl.errors import CollectorClosedError, UsageError
 from daskrl.store._handles import BatchHandle
 from daskrl.store._store import (

@@ -22,6 +22,8 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
+from daskrl.errors import MissingDependencyError
+
 __all__ = ["WORKER_CONFIG", "dask_setup", "local_cluster"]
 
 WORKER_CONFIG: dict[str, Any] = {
@@ -90,7 +92,7 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
         try:
             options["security"] = Security.temporary()
         except ImportError as e:
-            raise ImportError(
+            raise MissingDependencyError(
                 "the embedded cluster uses TLS, which needs the 'cryptography' package: "
                 'pip install "daskrl[tls]" (or local_cluster(tls=False) to opt out).'
             ) from e

@@ -8,16 +8,15 @@ One call, so that a learner script reads the same everywhere and only its target
     with daskrl.deploy.connect("slurm", workers=8,
                                jobqueue_config="deploy/slurm/jobqueue.yaml") as d:  # jobqueue
 
-:class:`Deployment` closes what it started (an embedded or SLURM cluster) and never a cluster
-it only connected to.  :func:`worker_report` tells, per worker, which device daskrl would use
-there and what the worker declared.
+:func:`connect` decides the target and returns a :class:`Deployment`, which closes what it
+started (an embedded or SLURM cluster) and never a cluster it only connected to.  Starting is
+left to :mod:`daskrl.deploy._cluster` (the embedded cluster) and :mod:`daskrl.deploy._slurm`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import socket
 from pathlib import Path
@@ -26,19 +25,10 @@ from typing import Any
 from distributed import Client, Security
 
 from daskrl.deploy._cluster import local_cluster
-from daskrl.deploy._slurm import (
-    close_cluster,
-    remove_worker_keys,
-    start_slurm,
-    wait_for_slurm_workers,
-)
-from daskrl.errors import ConfigError, DaskrlError
-from daskrl.worker._devices import DEVICE_ENV_VAR, resolve_device
+from daskrl.deploy._slurm import close_cluster, start_slurm, wait_for_slurm_workers
+from daskrl.errors import ClusterError, ConfigError
 
-__all__ = ["Deployment", "connect", "remove_worker_keys", "tls_security", "wait_for_slurm_workers",
-           "worker_report"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["Deployment", "connect", "tls_security"]
 
 @dataclasses.dataclass
 class Deployment:
@@ -137,22 +127,31 @@ def connect(
             )
         return Deployment(_connect_running(cluster, scheduler_file, security, timeout))
     if cluster == "local":
-        if security is True:
-            security = Security.temporary()
-        if security is not None:
-            cluster_options["security"] = security
-        local = local_cluster(workers or None, **cluster_options)
-        try:
-            return Deployment(Client(local, set_as_default=False, security=security), local)
-        except BaseException:
-            local.close()
-            raise
+        return _start_local(workers, security, cluster_options)
     slurm = start_slurm(workers, True if security is None else security, jobqueue_config,
                         cluster_options)
+    return _deployment_of(slurm)
+
+
+def _start_local(workers: int | None, security: Security | bool | None,
+                 options: dict[str, Any]) -> Deployment:
+    """The embedded cluster: ``security`` True/False turns its temporary-credential TLS on or
+    off (None: the dask config's default), a ``Security`` is used as it is."""
+    if isinstance(security, Security):
+        options["security"] = security
+        tls = None
+    else:
+        tls = security
+    return _deployment_of(local_cluster(workers or None, tls=tls, **options))
+
+
+def _deployment_of(cluster: Any) -> Deployment:
+    """A client of the cluster daskrl just started (with the cluster's own credentials); the
+    cluster is closed again when the client cannot connect."""
     try:
-        return Deployment(Client(slurm, set_as_default=False), slurm)
+        return Deployment(Client(cluster, set_as_default=False), cluster)
     except BaseException:
-        close_cluster(slurm)
+        close_cluster(cluster)
         raise
 
 
@@ -192,7 +191,7 @@ def _connect_running(address: str, scheduler_file: Any, security: Any, timeout: 
         hint = ("" if security is not None else
                 " If the cluster uses TLS, pass security=tls_security(ca, cert, key) "
                 "(CLI: --tls-ca-file/--tls-cert/--tls-key).")
-        raise DaskrlError(
+        raise ClusterError(
             f"could not connect to {where} at {address}: {type(e).__name__}: {e}."
             f"{hint}"
         ) from e
@@ -218,7 +217,7 @@ def _check_listening(address: str, where: str, timeout: float) -> None:
     try:
         socket.create_connection((host, port), timeout=min(timeout, 10.0)).close()
     except OSError as e:
-        raise DaskrlError(
+        raise ClusterError(
             f"nothing accepts connections at {address} ({where}): {e}. Check that the "
             "scheduler runs, its host and port, and that no firewall is in between."
         ) from e
@@ -227,24 +226,4 @@ def _check_listening(address: str, where: str, timeout: float) -> None:
 def _security_from_config() -> Security | None:
     """TLS settings from dask config (``distributed.comm.tls.*``), if any are set."""
     sec = Security()
-    return sec if sec.tls_ca_file else None
-
-
-def _device_on_worker(dask_worker: Any) -> dict[str, str]:
-    out = {
-        "name": str(dask_worker.name),
-        DEVICE_ENV_VAR: os.environ.get(DEVICE_ENV_VAR, ""),
-        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-        "threads": str(dask_worker.state.nthreads),
-    }
-    try:
-        out["device"] = str(resolve_device("auto", out["name"], dask_worker.address))
-    except DaskrlError as e:
-        out["device"] = f"error: {e}"
-    return out
-
-
-def worker_report(client: Client) -> dict[str, dict[str, str]]:
-    """Per worker address: its name, threads, the device ``device="auto"`` resolves to there
-    (or ``"error: ..."``), and its ``DASKRL_DEVICE`` and ``CUDA_VISIBLE_DEVICES``."""
-    return dict(sorted(client.run(_device_on_worker).items()))
+    return sec if sec.get_tls_config_for_role("client").get("ca_file") else None

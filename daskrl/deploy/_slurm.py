@@ -27,7 +27,7 @@ from typing import Any
 
 import dask
 
-from daskrl.errors import ConfigError, DaskrlError, SlurmJobError
+from daskrl.errors import ConfigError, MissingDependencyError, SlurmError, SlurmJobError
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def slurm_options(path: Path) -> dict[str, Any]:
     """``SLURMCluster`` keyword arguments from the ``jobqueue.slurm`` section of a dask config
     file (dask-jobqueue reads its config anew for every job, so a temporary
     ``dask.config.set`` would not last; explicit arguments do)."""
-    import yaml
+    import yaml  # type: ignore[import-untyped]
 
     if not path.is_file():
         raise ConfigError(f"jobqueue_config {str(path)!r} does not exist.")
@@ -85,7 +85,7 @@ def start_slurm(workers: int | None, security: Any, jobqueue_config: Any,
     try:
         SLURMCluster = _import_slurm_cluster()
     except ImportError as e:
-        raise DaskrlError(
+        raise MissingDependencyError(
             f"cluster='slurm' needs dask-jobqueue, which is not installed: {SLURM_EXTRA}"
         ) from e
     if jobqueue_config is not None:
@@ -159,10 +159,10 @@ def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     except FileNotFoundError as e:
-        raise DaskrlError(f"{args[0]!r} is not installed here; the SLURM client commands "
+        raise SlurmError(f"{args[0]!r} is not installed here; the SLURM client commands "
                           "(sbatch, squeue, scontrol, scancel) must be on PATH.") from e
     except subprocess.TimeoutExpired as e:
-        raise DaskrlError(f"`{shlex.join(args)}` did not answer within {COMMAND_TIMEOUT_S:.0f}s: "
+        raise SlurmError(f"`{shlex.join(args)}` did not answer within {COMMAND_TIMEOUT_S:.0f}s: "
                           "is slurmctld reachable from this machine?") from e
 
 
@@ -192,7 +192,7 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
                 "--format=%i %T"])
     states = dict.fromkeys(job_ids, "UNKNOWN")
     if out.returncode and "Invalid job id" not in out.stderr:
-        raise DaskrlError(f"squeue failed ({out.returncode}): {out.stderr.strip()}")
+        raise SlurmError(f"squeue failed ({out.returncode}): {out.stderr.strip()}")
     for line in out.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] in states:

@@ -1,4 +1,6 @@
-"""Version check between the learner and its workers.
+"""Package versions: the check between the learner and its workers.
+
+("Version" here means a package's version, not a weights version.)
 
 A worker that unpickles a policy or an env spec with another torch, gymnasium or daskrl than the
 learner fails in ways far from the cause (or, worse, collects slightly different data).  A
@@ -7,16 +9,15 @@ collector checks the packages below at start and fails with a table of what diff
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, cast
 
 from distributed import Client
 
-from daskrl.errors import VersionMismatchError
+from daskrl.errors import ClusterError, VersionMismatchError
 
-__all__ = [
-    "CHECKED_PACKAGES", "acheck_versions", "check_versions", "format_table", "version_differences", "version_table",
-]
+__all__ = ["CHECKED_PACKAGES", "acheck_versions", "check_versions", "format_table",
+           "version_differences", "version_table"]
 
 CHECKED_PACKAGES: tuple[str, ...] = (
     "daskrl", "torch", "gymnasium", "zarr", "numpy", "distributed", "cloudpickle",
@@ -86,15 +87,21 @@ def check_versions(client: Client, packages: Sequence[str] = CHECKED_PACKAGES) -
     """
     if not client.scheduler_info()["workers"]:
         client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
-    _raise_on_differences(client.get_versions(packages=list(packages)), packages)
+    versions = client.get_versions(packages=list(packages))
+    _raise_on_differences(cast("Mapping[str, Any]", versions), packages)
 
 
 async def acheck_versions(client: Client, packages: Sequence[str] = CHECKED_PACKAGES) -> None:
-    """:func:`check_versions` for an asynchronous client."""
+    """:func:`check_versions` for an asynchronous client (whose methods return awaitables)."""
+    if client.scheduler is None:
+        raise ClusterError("the client is not connected to a scheduler: start it first "
+                           "(await Client(..., asynchronous=True)).")
     info = await client.scheduler.identity(n_workers=-1)
     if not info["workers"]:
-        await client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
-    _raise_on_differences(await client.get_versions(packages=list(packages)), packages)
+        await cast("Awaitable[None]", client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S))
+    versions = await cast("Awaitable[Mapping[str, Any]]",
+                          client.get_versions(packages=list(packages)))
+    _raise_on_differences(versions, packages)
 
 
 def _raise_on_differences(versions: Mapping[str, Any], packages: Sequence[str]) -> None:

@@ -1,0 +1,137 @@
+"""``daskrl collect``: its flags (the generated collection options, the env, the policy
+factory, the store, where to run) and the run itself, with a progress bar and a summary."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import math
+from typing import Any
+
+from daskrl.cli._options import add_config_options, config_from_args
+from daskrl.cli._store import json_object
+from daskrl.cli._target import add_cluster_args, deployment
+from daskrl.errors import ConfigError
+
+__all__ = ["add_collect_command", "run_collect"]
+
+
+def _env_var(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--env-var takes NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def add_collect_command(sub: Any) -> None:
+    """Add ``collect`` to the ``daskrl`` subparsers ``sub``."""
+    c = sub.add_parser("collect", help="collect experience into a store",
+                       description="Collect experience with a policy into a zarr store.")
+    c.add_argument("--env", required=True, help="gymnasium id, e.g. CartPole-v1")
+    c.add_argument("--store", required=True, help="local path or fsspec URL of the store")
+    c.add_argument("--device", default="auto", help="policy device on workers (default auto)")
+    c.add_argument("--env-kwargs", type=json_object("--env-kwargs"), default=None,
+                   help="JSON object for gymnasium.make")
+    c.add_argument("--env-var", type=_env_var, action="append", default=[],
+                   help="NAME=VALUE set on every worker (repeatable)")
+    c.add_argument("--policy", default=None,
+                   help="'module:factory' called with (observation_space, action_space); "
+                        "default: an untrained 64-64 MLP")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_options(c)
+    add_cluster_args(c)
+
+
+def _load_object(spec: str) -> Any:
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"--policy must look like 'package.module:factory', got {spec!r}.")
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"--policy {spec!r}: cannot import {module!r}: {e}") from e
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise ConfigError(f"--policy {spec!r}: {module!r} has no attribute {attr!r}.") from e
+    return obj
+
+
+def make_policy(spec: str | None, obs_space: Any, act_space: Any) -> Any:
+    """The ``--policy`` factory's module for the env's spaces (default: an untrained MLP)."""
+    import torch
+
+    from daskrl.policies import MLPPolicy
+
+    if spec is None:
+        return MLPPolicy(obs_space, act_space)
+    factory = _load_object(spec)
+    if not callable(factory):
+        raise ConfigError(f"--policy {spec!r} is a {type(factory).__name__}, not a callable.")
+    try:
+        inspect.signature(factory).bind(obs_space, act_space)
+    except TypeError as e:
+        raise ConfigError(
+            f"--policy {spec!r} cannot be called as factory(observation_space, action_space) "
+            f"({e}): give it those two parameters, e.g. def make_policy(observation_space, "
+            "action_space) -> torch.nn.Module."
+        ) from None
+    except ValueError:  # no signature to inspect (some builtins): just call it
+        pass
+    try:
+        module = factory(obs_space, act_space)
+    except Exception as e:
+        raise ConfigError(
+            f"--policy {spec!r} raised when called with the env's spaces: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(
+            f"--policy {spec!r} returned a {type(module).__name__}; the factory must return a "
+            "torch.nn.Module."
+        )
+    return module
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    """Run ``daskrl collect``; print the summary; the exit status."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    from daskrl.collect._collector import Collector
+    from daskrl.worker._envs import EnvSpec
+
+    config = config_from_args(  # bad values fail before the env is made
+        args, device=args.device, env_kwargs=args.env_kwargs, env_vars=dict(args.env_var),
+        shared_memory=args.shared_memory)
+    obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
+    policy = make_policy(args.policy, obs_space, act_space)
+    d = deployment(args, workers=config.num_workers)
+    try:
+        with Collector(args.env, policy, args.store,
+                       client=d.client if d is not None else None, config=config) as collector:
+            with tqdm(total=config.total_frames, unit="frame", disable=args.no_progress,
+                      dynamic_ncols=True) as bar:
+                for handle in collector:
+                    bar.update(handle.frames)
+                    s = collector.summary()
+                    bar.set_postfix(fps=f"{s['fps']:.0f}", ret=f"{s['mean_return']:.1f}")
+            s = collector.summary()
+            n_workers = len(collector.client.scheduler_info()["workers"])
+            transport = collector.weights_transport
+    finally:
+        if d is not None:
+            d.close()
+    mean = "n/a" if math.isnan(s["mean_return"]) else f"{s['mean_return']:.2f}"
+    per_worker = ", ".join(f"{addr} {w['fps']:.0f} ({w['rollout_fps']:.0f} stepping)"
+                           for addr, w in s["workers"].items())
+    print(
+        f"collected {s['frames']} frames in {s['batches']} batches on {n_workers} workers, "
+        f"{s['seconds']:.1f}s ({s['fps']:.0f} frames/s)\n"
+        f"frames/s per worker: {per_worker}\n"
+        f"weights to workers: {transport.replace('-', ' ')}\n"
+        f"episodes finished: {s['episodes']}, mean return (last 100): {mean}\n"
+        f"store: {s['store']}  (read it with daskrl.open_store({s['store']!r}))"
+    )
+    return 0
