@@ -97,7 +97,7 @@ def make_policy(spec: str | None, obs_space: Any, act_space: Any) -> Any:
 
 def run_collect(args: argparse.Namespace) -> int:
     """Run ``daskrl collect``; print the summary; the exit status."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from tqdm import tqdm
 
     from daskrl.collect._collector import Collector
     from daskrl.worker._envs import EnvSpec

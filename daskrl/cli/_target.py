@@ -20,7 +20,7 @@ before its worker joined stops the wait at once)."""
 
 
 def _jobqueue_option(text: str) -> tuple[str, Any]:
-    import yaml  # type: ignore[import-untyped]
+    import yaml
 
     key, sep, value = text.partition("=")
     if not sep or not key:

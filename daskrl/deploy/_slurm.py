@@ -44,7 +44,7 @@ def slurm_options(path: Path) -> dict[str, Any]:
     """``SLURMCluster`` keyword arguments from the ``jobqueue.slurm`` section of a dask config
     file (dask-jobqueue reads its config anew for every job, so a temporary
     ``dask.config.set`` would not last; explicit arguments do)."""
-    import yaml  # type: ignore[import-untyped]
+    import yaml
 
     if not path.is_file():
         raise ConfigError(f"jobqueue_config {str(path)!r} does not exist.")

@@ -257,7 +257,7 @@ def policy_spec(
     module: torch.nn.Module, factory: Callable[[], torch.nn.Module] | None
 ) -> PolicySpec:
     """Describe how workers rebuild ``module``; check it can be pickled now, on the learner."""
-    import cloudpickle  # type: ignore[import-untyped]
+    import cloudpickle
 
     _, aliases = _named_tensors(module)
     try:
