@@ -1,19 +1,54 @@
-"""Checks the learner makes before any worker spends time: the policy's output, the store."""
+"""Checks the learner makes before any worker spends time: the env, the policy's output, the
+store (:func:`check_on_learner`), and later what workers wrote to the store's probe."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from daskrl.config import CollectorConfig
 from daskrl.errors import PolicyError, StoreError
-from daskrl.store._store import TrajectoryStore
-from daskrl.worker._envs import EnvSpec
+from daskrl.store._store import TrajectoryStore, check_store_options, normalize_url
+from daskrl.weights._snapshot import PolicyLike, PolicySpec, policy_spec, resolve_policy
+from daskrl.worker._envs import EnvLike, EnvSpec
 from daskrl.worker._policy_output import check_action, check_extras, split_policy_output
 
-__all__ = ["check_policy_output", "check_probe"]
+__all__ = ["Checked", "check_on_learner", "check_policy_output", "check_probe"]
+
+
+@dataclasses.dataclass
+class Checked:
+    """What :func:`check_on_learner` found good: the env, its spaces, the policy, the store."""
+
+    env_spec: EnvSpec
+    observation_space: Any
+    action_space: Any
+    module: torch.nn.Module
+    policy_spec: PolicySpec
+    store: TrajectoryStore
+
+
+def check_on_learner(env: EnvLike, policy: PolicyLike, store: str,
+                     storage_options: Mapping[str, Any] | None,
+                     cfg: CollectorConfig) -> Checked:
+    """Everything a collector can check on the learner, before any worker spends time: the
+    store URL and options, the env (made once for its spaces), the policy's output on sample
+    observations, and the store (created if new; a store with no run number left fails)."""
+    check_store_options(normalize_url(store), storage_options)
+    env_spec = EnvSpec(env, cfg.env_kwargs or {}, cfg.max_frames_per_traj)
+    obs_space, act_space = env_spec.probe()
+    module, factory = resolve_policy(policy)
+    check_policy_output(module, env_spec, obs_space, act_space, cfg.envs_per_worker)
+    spec = policy_spec(module, factory)
+    trajectories = TrajectoryStore(store, storage_options, read_only=False)
+    trajectories.initialize()
+    trajectories.next_run()
+    return Checked(env_spec, obs_space, act_space, module, spec, trajectories)
 
 
 def _policy_device(module: torch.nn.Module) -> torch.device:

@@ -1,8 +1,8 @@
 """The learner's facade: :class:`Collector` starts a collection, drives it, and closes it.
 
-The parts behind it: ``_planner`` (budget, streams, ids), ``_supervisor`` (live workers,
-deadlines, re-dispatch), ``_handover`` (policy-lag rule, statistics), ``_run`` (one started
-collection) and :mod:`daskrl.weights._publish`. Each cluster operation is one coroutine, run
+The parts behind it: ``_startup`` (plugin, checks, store probe, version 0, run number),
+``_planner`` (budget, streams, ids), ``_supervisor`` (live workers, deadlines, re-dispatch),
+``_handover`` (policy-lag rule, statistics), ``_run`` (one started collection) and :mod:`daskrl.weights._publish`. Each cluster operation is one coroutine, run
 by the client's own sync machinery (``client.sync``) for a synchronous client and awaited by
 the caller with an asynchronous one: both get the same checks and the same fault supervision.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping
-from typing import Any, Unpack, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from distributed import Client, Future, LocalCluster
 
-from daskrl.collect._checks import check_policy_output, check_probe
+from daskrl.collect._checks import check_on_learner
 from daskrl.collect._lifecycle import (
     Closing,
     State,
@@ -27,23 +27,18 @@ from daskrl.collect._lifecycle import (
     release,
 )
 from daskrl.collect._run import Run
-from daskrl.collect._supervisor import Workers
+from daskrl.collect._startup import start_on_cluster
 from daskrl.config import CollectorConfig, CollectorOptions
 from daskrl.deploy._cluster import local_cluster
-from daskrl.deploy._package_versions import acheck_versions
 from daskrl.errors import CollectorClosedError, UsageError
 from daskrl.store._handles import BatchHandle
-from daskrl.store._store import (
-    BATCH_IDS_PER_RUN,
-    TrajectoryStore,
-    check_store_options,
-    normalize_url,
-)
-from daskrl.weights._publish import WeightsPublisher, process_token
-from daskrl.weights._snapshot import PolicyLike, policy_spec, resolve_policy
-from daskrl.worker._envs import EnvLike, EnvSpec
-from daskrl.worker._plugin import CollectorPlugin
-from daskrl.worker._tasks import probe_store
+from daskrl.store._store import TrajectoryStore
+from daskrl.weights._publish import WeightsPublisher
+from daskrl.weights._snapshot import PolicyLike
+from daskrl.worker._envs import EnvLike
+
+if TYPE_CHECKING:  # typing.Unpack is new in Python 3.11; daskrl supports 3.10
+    from typing_extensions import Unpack
 
 __all__ = ["Collector"]
 
@@ -78,16 +73,10 @@ class Collector:
     ...         batch = handle.load(device="cpu")
     ...         collector.update_weights(policy)
 
-    With an asynchronous ``Client`` (``Client(..., asynchronous=True)``), start it with
-    ``await`` or ``async with``; ``update_weights`` returns a :class:`WeightsVersion` (an
-    ``int``) to await, ``close`` a :class:`Closing` to await, ``submit()`` futures are
-    awaited, and ``async for`` iterates. Both kinds of client get the same fault supervision:
-
-    >>> async with Collector(env, policy, url, client=async_client) as collector:
-    ...     handle = collector.hand_over(await collector.submit())
-    ...     await collector.update_weights(policy)
-    ...     async for handle in collector:
-    ...         ...
+    With an asynchronous ``Client``, start it with ``await Collector(...)`` or ``async with``,
+    await ``update_weights`` (a :class:`WeightsVersion`, an ``int``), ``close`` and ``submit()``
+    futures, and iterate with ``async for`` (``docs/collecting.md``); both kinds of client get
+    the same checks and fault supervision.
     """
 
     def __init__(self, env: EnvLike, policy: PolicyLike, store: str, *,
@@ -100,16 +89,11 @@ class Collector:
         base = field_values(config) if config is not None else {}
         self.config = CollectorConfig(**{**base, **cast(dict[str, Any], options)})
         cfg = self.config
-        check_store_options(normalize_url(store), storage_options)
-        self.env_spec = EnvSpec(env, cfg.env_kwargs or {}, cfg.max_frames_per_traj)
-        self.observation_space, self.action_space = self.env_spec.probe()
-        module, factory = resolve_policy(policy)
-        check_policy_output(module, self.env_spec, self.observation_space, self.action_space,
-                            cfg.envs_per_worker)
-        self._policy_spec = policy_spec(module, factory)
-        self._store = TrajectoryStore(store, storage_options, read_only=False)
-        self._store.initialize()
-        self._store.next_run()  # a store with no run number left fails now
+        checked = check_on_learner(env, policy, store, storage_options, cfg)
+        self.env_spec, self._policy_spec, self._store = (checked.env_spec, checked.policy_spec,
+                                                         checked.store)
+        self.observation_space, self.action_space = checked.observation_space, checked.action_space
+        module = checked.module
         self.run = -1  # the run number in the store: registered last, once started
         # 2. The cluster.
         own: LocalCluster | None = None
@@ -141,51 +125,16 @@ class Collector:
             return self
         self.state = State.STARTING
         try:
-            await self._start_on_cluster()
+            module, self._module = self._module, None
+            assert module is not None
+            self._run, self.run = await start_on_cluster(
+                self.client, self.config, self.env_spec, self._policy_spec, module, self._store,
+                self._plugin_name, self._id, self._weights)
         except BaseException:
             await self._aclose()
             raise
         self.state = State.RUNNING
         return self
-
-    async def _start_on_cluster(self) -> None:
-        cfg, client = self.config, self.client
-        await client.register_plugin(CollectorPlugin(
-            self._plugin_name, self.env_spec, self._policy_spec, cfg, cfg.device,
-            cfg.env_vars or {}, self._store.url, self._store.storage_options,
-        ), name=self._plugin_name)
-        await acheck_versions(client)  # same torch, gymnasium, zarr, daskrl... everywhere
-        workers = Workers(client, cfg.call_timeout, [])
-        live = sorted(await workers.refresh(force=True))
-        tokens = await workers.bounded("asking the workers for their process",
-                                       client.run(process_token, workers=live))
-        self._weights.in_process = process_token() in tokens.values()
-        first_id = self._store.next_run() * BATCH_IDS_PER_RUN
-        self._run = Run(client, cfg, self._plugin_name, self._id, first_id, workers,
-                        self._weights)
-        await self._probe_store(workers, live)
-        # Every worker builds the policy, picks its device and loads version 0 now, so a bad
-        # device, policy or weights path fails here rather than in the first batch.
-        module, self._module = self._module, None
-        assert module is not None
-        await self._run.publish(self._weights.take_snapshot(module), wait=True)
-        # Claim a run number, last: a start that fails uses up none.
-        self.run = self._store.register_run({"env": self.env_spec.label, **cfg.as_dict()})
-        assert first_id == self.run * BATCH_IDS_PER_RUN
-
-    async def _probe_store(self, workers: Workers, live: list[str]) -> None:
-        """Every worker must see and write the learner's store: the classic failure is a local
-        path on a cluster of several machines, where each worker writes its own directory."""
-        token = uuid.uuid4().hex
-        self._store.write_probe(self._id, "learner", token)
-        try:
-            futures = {w: self.client.submit(probe_store, self._plugin_name, self._id, token,
-                                             workers=[w], key=f"daskrl-probe-{self._id}-{w}",
-                                             pure=False) for w in live}
-            for fut in (await workers.wait_each(futures, "probing the store")).values():
-                check_probe(self._store, self._id, await fut, token)
-        finally:
-            self._store.clear_probes(self._id)
 
     def __await__(self) -> Generator[Any, None, Collector]:
         return self._start().__await__()
@@ -282,25 +231,14 @@ class Collector:
         :meth:`summary` and lets the collector forget the future. Pass the handle (or, with a
         synchronous client, the future itself). ``max_policy_lag`` does not apply here.
         """
-        pending = self._running().supervisor.pending
+        run = self._running()
         if isinstance(handle, Future):
             if self._asynchronous:
                 raise UsageError(
                     "hand_over got a Future, but this collector's client is asynchronous: "
                     "pass the handle instead, collector.hand_over(await future).")
-            fut: Future | None = handle
-            handle = handle.result()
-        else:
-            fut = next((f for f, t in pending.items() if t.batch_id == handle.batch_id), None)
-        if not isinstance(handle, BatchHandle) or fut not in pending:
-            what = handle.batch_id if isinstance(handle, BatchHandle) else repr(handle)
-            raise UsageError(
-                f"hand_over got batch {what}, which is not a batch of this collector waiting to "
-                "be handed over: pass each handle of a submit() future once; handles from "
-                "iterating the collector are handed over already.")
-        pending.pop(fut)
-        assert self._run is not None
-        return self._run.handover.accept(handle, self._weights.version)
+            return run.hand_over(handle.result(), handle)
+        return run.hand_over(handle)
 
     def __iter__(self) -> Iterator[BatchHandle]:
         run = self._running()

@@ -17,6 +17,7 @@ from daskrl.collect._handover import HandOver
 from daskrl.collect._planner import PlannedBatch, Planner
 from daskrl.collect._supervisor import Supervisor, Workers
 from daskrl.config import CollectorConfig
+from daskrl.errors import UsageError
 from daskrl.store._handles import BatchHandle
 from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import WeightsSnapshot
@@ -53,6 +54,21 @@ class Run:
     def in_use(self) -> Iterable[int]:
         """Weights versions batches in flight still need."""
         return {t.weights_version for t in self.supervisor.pending.values()}
+
+    def hand_over(self, handle: BatchHandle, future: Future | None = None) -> BatchHandle:
+        """Take over a ``submit()`` batch (its handle, and its future if known): its policy lag
+        is set and it is counted (:meth:`~daskrl.Collector.hand_over`)."""
+        pending = self.supervisor.pending
+        if future is None and isinstance(handle, BatchHandle):
+            future = next((f for f, t in pending.items() if t.batch_id == handle.batch_id), None)
+        if not isinstance(handle, BatchHandle) or future not in pending:
+            what = handle.batch_id if isinstance(handle, BatchHandle) else repr(handle)
+            raise UsageError(
+                f"hand_over got batch {what}, which is not a batch of this collector waiting to "
+                "be handed over: pass each handle of a submit() future once; handles from "
+                "iterating the collector are handed over already.")
+        pending.pop(future)
+        return self.handover.accept(handle, self.weights.version)
 
     async def publish(self, snap: WeightsSnapshot, wait: bool) -> int:
         return await self.weights.publish(snap, self.workers, self.in_use(), wait)

@@ -1,0 +1,72 @@
+"""Starting a collection on the cluster: plugin, package versions, store probe, version 0.
+
+One coroutine for both kinds of client (:class:`~daskrl.Collector` runs it through
+``client.sync`` for a synchronous one). Everything that can fail on a worker (a device, the
+policy, the store's reach, the weights path) fails here, before the first batch; the run
+number is claimed last, so a start that fails uses up none.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import torch
+from distributed import Client
+
+from daskrl.collect._checks import check_probe
+from daskrl.collect._run import Run
+from daskrl.collect._supervisor import Workers
+from daskrl.config import CollectorConfig
+from daskrl.deploy._package_versions import acheck_versions
+from daskrl.store._layout import BATCH_IDS_PER_RUN
+from daskrl.store._store import TrajectoryStore
+from daskrl.weights._publish import WeightsPublisher, process_token
+from daskrl.weights._snapshot import PolicySpec
+from daskrl.worker._envs import EnvSpec
+from daskrl.worker._plugin import CollectorPlugin
+from daskrl.worker._tasks import probe_store
+
+__all__ = ["start_on_cluster"]
+
+
+async def start_on_cluster(client: Client, cfg: CollectorConfig, env_spec: EnvSpec,
+                           policy: PolicySpec, module: torch.nn.Module, store: TrajectoryStore,
+                           plugin_name: str, key_prefix: str, weights: WeightsPublisher,
+                           ) -> tuple[Run, int]:
+    """Install the plugin on every worker, check them, and publish version 0 of ``module``;
+    return the started :class:`Run` and the run number claimed in ``store``."""
+    await client.register_plugin(CollectorPlugin(
+        plugin_name, env_spec, policy, cfg, cfg.device, cfg.env_vars or {}, store.url,
+        store.storage_options,
+    ), name=plugin_name)
+    await acheck_versions(client)  # same torch, gymnasium, zarr, daskrl... everywhere
+    workers = Workers(client, cfg.call_timeout, [])
+    live = sorted(await workers.refresh(force=True))
+    tokens = await workers.bounded("asking the workers for their process",
+                                   client.run(process_token, workers=live))
+    weights.in_process = process_token() in tokens.values()
+    first_id = store.next_run() * BATCH_IDS_PER_RUN
+    run = Run(client, cfg, plugin_name, key_prefix, first_id, workers, weights)
+    await _probe_store(client, store, plugin_name, key_prefix, workers, live)
+    # Every worker builds the policy, picks its device and loads version 0 now, so a bad
+    # device, policy or weights path fails here rather than in the first batch.
+    await run.publish(weights.take_snapshot(module), wait=True)
+    # Claim a run number, last: a start that fails uses up none.
+    number = store.register_run({"env": env_spec.label, **cfg.as_dict()})
+    assert first_id == number * BATCH_IDS_PER_RUN
+    return run, number
+
+
+async def _probe_store(client: Client, store: TrajectoryStore, plugin_name: str, probe: str,
+                       workers: Workers, live: list[str]) -> None:
+    """Every worker must see and write the learner's store: the classic failure is a local
+    path on a cluster of several machines, where each worker writes its own directory."""
+    token = uuid.uuid4().hex
+    store.write_probe(probe, "learner", token)
+    try:
+        futures = {w: client.submit(probe_store, plugin_name, probe, token, workers=[w],
+                                    key=f"daskrl-probe-{probe}-{w}", pure=False) for w in live}
+        for fut in (await workers.wait_each(futures, "probing the store")).values():
+            check_probe(store, probe, await fut, token)
+    finally:
+        store.clear_probes(probe)
