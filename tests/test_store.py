@@ -99,9 +99,12 @@ def test_handles_are_small_and_carry_no_credentials():
     handle = store.handle(0)
     data = pickle.dumps(handle)
     assert len(data) < 4096 and b"SECRET" not in data and handle.needs_options
-    # no process-wide registry of options: the handle loads through its store object
+    # no process-wide registry of options: a handle loads through its store object, which it
+    # keeps in this process only; unpickled elsewhere it needs the store
+    assert handle.load(keys=["reward"])["reward"].shape == (4, 2)
     with pytest.raises(daskrl.StoreOptionsRequiredError, match=r"pass store=|load\(store="):
-        handle.load(keys=["reward"])
+        pickle.loads(data).load(keys=["reward"])
+    assert pickle.loads(data) == handle
     assert handle.load(keys=["reward"], store=store)["reward"].shape == (4, 2)
     assert store.load(pickle.loads(data), keys=["reward"])["reward"].shape == (4, 2)
 

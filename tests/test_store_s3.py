@@ -198,11 +198,11 @@ def test_two_differently_configured_stores_of_one_url_each_read_with_their_own_o
             handle = store.handle(0)
             assert handle.weights_version == tag and handle.needs_options
             want = batch_arrays(0, tag)["observation"]
-            for got in (handle.load(store=store), store.load(handle),
+            for got in (handle.load(), handle.load(store=store), store.load(handle),
                         pickle.loads(pickle.dumps(handle)).load(store=store)):
                 np.testing.assert_array_equal(got["observation"].numpy(), want)
             with pytest.raises(daskrl.StoreOptionsRequiredError, match="store="):
-                handle.load()
+                pickle.loads(pickle.dumps(handle)).load()
             item = daskrl.TransitionDataset(store, ["observation"])[0]
             np.testing.assert_array_equal(item["observation"].numpy(), want[0, 0])
             by_url = daskrl.TransitionDataset(url, ["observation"], storage_options=store.storage_options)

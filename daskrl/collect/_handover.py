@@ -16,9 +16,12 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daskrl.store._handles import BatchHandle
+
+if TYPE_CHECKING:
+    from daskrl.store._store import TrajectoryStore
 
 __all__ = ["RECENT_EPISODES", "CollectionStats", "HandOver"]
 
@@ -100,8 +103,10 @@ class CollectionStats:
 class HandOver:
     """The policy-lag rule (``max_policy_lag``: ``None`` for no limit) and its statistics."""
 
-    def __init__(self, max_policy_lag: int | None) -> None:
+    def __init__(self, max_policy_lag: int | None, store: TrajectoryStore | None = None) -> None:
         self.max_policy_lag = max_policy_lag
+        self.store = store
+        """Handed-over handles load through this store object (in this process)."""
         self.stats = CollectionStats()
 
     def take(self, handle: BatchHandle, newest_version: int) -> BatchHandle | None:
@@ -118,7 +123,8 @@ class HandOver:
 
     def accept(self, handle: BatchHandle, newest_version: int) -> BatchHandle:
         """A batch the learner takes whatever its lag (``submit()``/``hand_over``)."""
-        handle = dataclasses.replace(handle, policy_lag=newest_version - handle.weights_version)
+        handle = dataclasses.replace(handle, policy_lag=newest_version - handle.weights_version,
+                                     _store_object=self.store)
         self.stats.record(handle)
         return handle
 

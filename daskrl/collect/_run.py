@@ -19,6 +19,7 @@ from daskrl.collect._supervisor import Supervisor, Workers
 from daskrl.config import CollectorConfig
 from daskrl.errors import UsageError
 from daskrl.store._handles import BatchHandle
+from daskrl.store._store import TrajectoryStore
 from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import WeightsSnapshot
 from daskrl.worker._tasks import BatchTask
@@ -31,14 +32,14 @@ class Run:
 
     def __init__(self, client: Client, config: CollectorConfig, plugin_name: str,
                  key_prefix: str, first_id: int, workers: Workers,
-                 weights: WeightsPublisher) -> None:
+                 weights: WeightsPublisher, store: TrajectoryStore | None = None) -> None:
         num_streams = config.num_workers or len(workers.live)
         live = sorted(workers.live)
         self.config = config
         self.workers = workers
         self.weights = weights
         self.planner = Planner(config, first_id, num_streams)
-        self.handover = HandOver(config.max_policy_lag)
+        self.handover = HandOver(config.max_policy_lag, store)
         self.supervisor = Supervisor(
             client, plugin_name, key_prefix, workers, weights,
             [live[s % len(live)] for s in range(num_streams)], config.lost_workers_timeout)

@@ -46,7 +46,7 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig, env_spec: EnvSp
                                    client.run(process_token, workers=live))
     weights.in_process = process_token() in tokens.values()
     first_id = store.next_run() * BATCH_IDS_PER_RUN
-    run = Run(client, cfg, plugin_name, key_prefix, first_id, workers, weights)
+    run = Run(client, cfg, plugin_name, key_prefix, first_id, workers, weights, store)
     await _probe_store(client, store, plugin_name, key_prefix, workers, live)
     # Every worker builds the policy, picks its device and loads version 0 now, so a bad
     # device, policy or weights path fails here rather than in the first batch.

@@ -1,8 +1,10 @@
 """Batch handles: the small, picklable records that travel back to the learner.
 
 A handle names its store by URL and carries no credentials: a store that needs
-``storage_options`` is read through its store object (``handle.load(store=...)`` or
-``store.load(handle)``).  This module does not import the store module at import time.
+``storage_options`` is read through its store object.  A handle a collector hands over keeps
+a reference to the collector's store in this process (never pickled, never compared), so
+``handle.load()`` works there; elsewhere pass ``store=`` (or ``store.load(handle)``).  This
+module does not import the store module at import time.
 """
 
 from __future__ import annotations
@@ -56,6 +58,21 @@ class BatchHandle:
     needs_options: bool = False
     """The store was opened with ``storage_options`` (which the handle does not carry): load
     it through its store object."""
+    _store_object: TrajectoryStore | None = dataclasses.field(default=None, repr=False,
+                                                              compare=False)
+    """The store object of the collector that handed the handle over (this process only)."""
+
+    def __getstate__(self) -> dict[str, Any]:  # the store object stays in this process
+        state = dict(self.__dict__)
+        state["_store_object"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def with_store(self, store: TrajectoryStore) -> BatchHandle:
+        """The handle, loading through ``store`` (this process only: not pickled)."""
+        return dataclasses.replace(self, _store_object=store)
 
     @property
     def fps(self) -> float:
@@ -80,6 +97,8 @@ class BatchHandle:
         """
         from daskrl.store._store import TrajectoryStore
 
+        if store is None and storage_options is None:
+            store = self._store_object
         if store is not None:
             if storage_options is not None:
                 raise UsageError("pass store= or storage_options=, not both: the store object "
@@ -96,9 +115,9 @@ class BatchHandle:
 
     def record(self) -> dict[str, Any]:
         """Plain-JSON metadata, as stored in the batch's commit record."""
-        d = dataclasses.asdict(self)
-        for k in ("store", "policy_lag", "write_seconds", "needs_options"):
-            d.pop(k)
+        skip = {"store", "policy_lag", "write_seconds", "needs_options", "_store_object"}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in skip}
         d["episode_returns"] = list(self.episode_returns)
         d["episode_lengths"] = list(self.episode_lengths)
         d["shape"] = list(self.shape)
@@ -109,7 +128,7 @@ class BatchHandle:
                     needs_options: bool = False) -> BatchHandle:
         """Rebuild a handle from a commit record (``needs_options``: the store has
         ``storage_options``)."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"needs_options"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"needs_options", "_store_object"}
         kw = {k: v for k, v in rec.items() if k in names}
         kw["episode_returns"] = tuple(kw.get("episode_returns", ()))
         kw["episode_lengths"] = tuple(kw.get("episode_lengths", ()))

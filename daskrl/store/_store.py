@@ -3,12 +3,12 @@
 A worker writes a batch as one file under a fresh attempt name (on local and shared POSIX
 filesystems in place, with plain file I/O; elsewhere one put), then creates the commit record
 with an atomic, exclusive create.  Readers list commits only, so a batch is seen whole or not
-at all, and a retried task's second commit of the same id is detected and dropped.  Stores of
-format 1.x (one directory tree per attempt) are still read.  Names and paths:
+at all, and a retried task's second commit of the same id is detected and dropped.  Names and
+paths:
 :mod:`daskrl.store._layout`; where the bytes live: :mod:`daskrl.store._backends`.
 
 :class:`TrajectoryStore` is a facade over small parts that share one backend: documents
-(:mod:`._documents`), the commit index (:mod:`._commits`), the writer (:mod:`._writing`), the
+(:mod:`._documents`), the root and its format (:mod:`._root`), the commit index (:mod:`._commits`), the writer (:mod:`._writing`), the
 reader (:mod:`._reading`), housekeeping (:mod:`._housekeeping`), episodes and a dask view.
 Credentials (``storage_options``) live on the store object only.
 """
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from daskrl.config import Compression
-from daskrl.errors import BatchNotFoundError, StoreError, StoreFormatError, UsageError
+from daskrl.errors import BatchNotFoundError, UsageError
 from daskrl.store._backends import Backend, open_backend
 from daskrl.store._commits import CommitIndex
 from daskrl.store._documents import Documents
@@ -31,20 +31,9 @@ from daskrl.store._episodes import Episode, iter_episodes
 from daskrl.store._format import ReadLimits
 from daskrl.store._handles import BatchHandle
 from daskrl.store._housekeeping import DEFAULT_GRACE_SECONDS, GarbageReport, Housekeeping
-from daskrl.store._layout import (
-    BATCH_IDS_PER_RUN,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    MAX_RUNS,
-    OWN_ROOT_NAMES,
-    READ_MAJORS,
-    ROOT_DOC,
-    ROOT_PARTIAL,
-    SUBGROUPS,
-    group_doc,
-    root_attributes,
-)
+from daskrl.store._layout import BATCH_IDS_PER_RUN, FORMAT_NAME, FORMAT_VERSION, MAX_RUNS
 from daskrl.store._reading import BatchSizes, Reader
+from daskrl.store._root import check_root, create_root
 from daskrl.store._url import check_store_options, normalize_url
 from daskrl.store._writing import Writer
 
@@ -90,7 +79,7 @@ class TrajectoryStore:
         self._reader = Reader(self._docs, self._index, self.read_limits)
         self._writer = Writer(self._docs)
         self._housekeeping = Housekeeping(self._docs, self._index)
-        self._format_major: int | None = None
+        self._format_checked = False
 
     def __reduce__(self) -> tuple[Any, ...]:  # reopened where unpickled (dask graphs)
         return (_reopen, (self.url, self.storage_options, self.read_only, self.read_limits))
@@ -111,79 +100,18 @@ class TrajectoryStore:
         unless ``allow_non_empty``: the store's garbage collector and its listings own its
         ``runs``, ``batches`` and ``commits`` (only those, and the root's ``zarr.json``).
         """
-        if self._docs.get(ROOT_DOC) is None:
-            others = self._foreign_entries()
-            if others and not allow_non_empty:
-                shown = ", ".join(repr(n) for n in others[:5]) + (", ..." if len(others) > 5
-                                                                  else "")
-                raise StoreError(
-                    f"cannot create a store at {self.url!r}: it already holds other things "
-                    f"({shown}) and no daskrl store. Use a new or empty directory, or, to "
-                    "create the store there on purpose, "
-                    "TrajectoryStore(url, read_only=False).initialize(allow_non_empty=True) "
-                    "first."
-                )
-            try:
-                self._docs.create_exclusive(ROOT_DOC, group_doc(root_attributes()))
-                for sub in SUBGROUPS:
-                    self._docs.create_exclusive(f"{sub}/zarr.json", group_doc({}))
-            except StoreError:
-                raise
-            except OSError as e:
-                raise StoreError(f"cannot create a store at {self.url!r}: {e}") from e
+        create_root(self._docs, allow_non_empty)
         self.check_format()
-        self._check_write_format()
-
-    def _foreign_entries(self) -> list[str]:
-        """Names at the store's root that are not the store's own (sorted)."""
-        try:
-            names = self._backend.list_dir("")
-        except OSError:  # not listable: creating it will say what is wrong
-            return []
-        return sorted(n for n in (k.rstrip("/") for k in names)
-                      if n not in OWN_ROOT_NAMES and not ROOT_PARTIAL.fullmatch(n))
-
-    def _check_write_format(self) -> None:
-        if self._format_major is None:
-            self.check_format()
-        if self._format_major != int(FORMAT_VERSION.split(".")[0]):
-            raise StoreFormatError(
-                f"store {self.url!r} has format version {self._format_major}.x; this daskrl "
-                f"writes only version {FORMAT_VERSION} (a batch is one zip container). Write "
-                "to a new store; this daskrl still reads this one."
-            )
 
     def check_format(self) -> None:
-        """Raise :class:`StoreFormatError` unless this is a daskrl store this version reads."""
-        root = self._docs.get(ROOT_DOC, "root record ")
-        if root is None:
-            raise StoreFormatError(
-                f"no daskrl store at {self.url!r} (no zarr.json at its root). Check the URL, "
-                "and that this machine sees the same filesystem as the workers."
-            )
-        attrs = root.get("attributes")
-        info = attrs.get("daskrl") if isinstance(attrs, dict) else None
-        if root.get("zarr_format") != 3 or not isinstance(info, dict) or info.get(
-                "format") != FORMAT_NAME:
-            raise StoreFormatError(
-                f"{self.url!r} is a zarr hierarchy but not a daskrl store "
-                f"(root attributes: {root.get('attributes')!r})."
-            )
-        major = str(info.get("format_version", "")).split(".")[0]
-        if major == "1":
-            raise StoreFormatError(
-                f"store {self.url!r} has format version {info.get('format_version')!r} (a group "
-                "directory per batch, a development format that was never released): it is "
-                f"unsupported; this daskrl reads only version {FORMAT_VERSION}. Collect the "
-                "data again with this daskrl."
-            )
-        if major not in {str(m) for m in READ_MAJORS}:
-            raise StoreFormatError(
-                f"store {self.url!r} has format version {info.get('format_version')!r}; this "
-                f"daskrl reads versions {' and '.join(f'{m}.x' for m in READ_MAJORS)}. "
-                "Upgrade daskrl."
-            )
-        self._format_major = int(major)
+        """Raise :class:`StoreFormatError` unless this is a daskrl store this version reads
+        (and, this version reading only the format it writes, writes)."""
+        check_root(self._docs)
+        self._format_checked = True
+
+    def _check_write_format(self) -> None:
+        if not self._format_checked:
+            self.check_format()
 
     # -- writing (collectors and workers) ------------------------------------------------------
     def register_run(self, settings: Mapping[str, Any]) -> int:
@@ -282,7 +210,8 @@ class TrajectoryStore:
         return self._handle(self._index.record(batch_id))
 
     def _handle(self, rec: Mapping[str, Any]) -> BatchHandle:
-        return BatchHandle.from_record(self.url, rec, needs_options=bool(self.storage_options))
+        return BatchHandle.from_record(self.url, rec, needs_options=bool(self.storage_options)
+                                       ).with_store(self)
 
     def handles(
         self, *, weights_version: VersionFilter = None, worker: str | Collection[str] | None = None
