@@ -126,7 +126,7 @@ def worker_weights(client: Any, collector: Any) -> dict[str, dict[str, bytes]]:
 
     For checking, bit for bit, what workers loaded against what the learner sent.
     """
-    name = collector._plugin_name
+    name = collector.plugin_name
 
     def read(dask_worker: Any) -> dict[str, bytes]:
         policy = dask_worker.plugins[name].policy

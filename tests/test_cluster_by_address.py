@@ -119,7 +119,7 @@ def test_late_worker_gets_env_vars_and_a_version_mismatch_is_refused(cli, tmp_pa
                 procs.start("late-worker", worker_args(sched, "late-worker"),
                             env={"PYTHONPATH": path})
                 late = next(iter(set(_wait_for_n_workers(d.client, 3)) - before))
-                name = collector._plugin_name
+                name = collector.plugin_name
 
                 def probe(dask_worker):  # the plugin is there, and an env built here sees it
                     return (name in dask_worker.plugins, os.environ.get("DASKRL_TEST_OFFSET"),

@@ -21,7 +21,7 @@ from torch import nn
 import daskrl
 from daskrl import ConfigError, PolicyError
 from daskrl.testing import TagPolicy, worker_weights
-from daskrl.weights import snapshot
+from daskrl.weights import policy_spec, snapshot
 from daskrl.worker._devices import resolve_device
 
 COUNTING = "daskrl.testing:Counting-v0"
@@ -119,11 +119,11 @@ def test_what_travels_holds_no_tensor_data(client, tmp_path, shared_memory):
                           envs_per_worker=2, frames_per_batch=16, total_frames=32,
                           shared_memory=shared_memory) as collector:
         assert collector.weights_transport == ("shared-memory" if shared_memory else "dask")
-        name = collector._weights_name(collector.weights_version)
+        name = collector.weights_key(collector.weights_version)
         if shared_memory:
             # Tasks carry a manifest (names, offsets, checksums): no array, no tensor data;
             # nothing is scattered, and no worker holds weights in its Dask memory.
-            manifest = collector._weights_ref()
+            manifest = collector.weights_ref()
             data = pickle.dumps(manifest, protocol=5)
             names = {a for _, a, _ in pickletools.genops(io.BytesIO(data)) if isinstance(a, str)}
             assert type(manifest).__name__ == "SharedWeights" and len(data) < 4096
@@ -150,7 +150,7 @@ def test_what_travels_holds_no_tensor_data(client, tmp_path, shared_memory):
                 assert not [n for n in names
                             if "torch" in n and n not in snapshot(policy, 0).dtypes]
         # The structure, shipped once in the worker plugin: meta tensors only, no storage.
-        plugin_names = _pickle_names(collector._policy_spec)
+        plugin_names = _pickle_names(policy_spec(policy, None))
         assert "_rebuild_meta_tensor_no_storage" in plugin_names
         assert not [n for n in plugin_names if "storage" in n.lower() and "no_storage" not in n]
         assert not [n for n in plugin_names if "_rebuild_tensor" in n or "cuda" in n]

@@ -191,7 +191,7 @@ def test_python_recipe_settings_come_from_flags_and_environment(monkeypatch):
     recipe = _recipe()
     monkeypatch.setenv("DASKRL_PARTITION", "debug")
     monkeypatch.setenv("DASKRL_GPUS", "0")
-    args = recipe._parser().parse_args(["--cpus", "2", "--partition", "short"])
+    args = recipe.parser().parse_args(["--cpus", "2", "--partition", "short"])
     assert (args.partition, args.gpus, args.cpus, args.memory) == ("short", 0, 2, "32GiB")
     assert recipe.Settings.from_env() == recipe.Settings(partition="debug", gpus=0)
 

@@ -129,7 +129,7 @@ def test_workers_on_another_machine_make_the_collector_fall_back_to_dask(tmp_pat
             with torch.no_grad():
                 policy.tag.fill_(2)
             collector.update_weights(policy, wait=True)
-            name = collector._plugin_name
+            name = collector.plugin_name
             loaded = client.run(lambda dask_worker: dask_worker.plugins[name].version)
             assert set(loaded.values()) == {2}, loaded
             assert (next(it).load(keys=["tag"])["tag"] == 2).all()

@@ -36,6 +36,7 @@ from daskrl.store._store import TrajectoryStore
 from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import PolicyLike
 from daskrl.worker._envs import EnvLike
+from daskrl.worker._weights_cache import WeightsRef
 
 if TYPE_CHECKING:  # typing.Unpack is new in Python 3.11; daskrl supports 3.10
     from typing_extensions import Unpack
@@ -180,6 +181,21 @@ class Collector:
     def weights_version(self) -> int:
         """The newest published weights version."""
         return self._weights.version
+
+    @property
+    def plugin_name(self) -> str:
+        """Name of the worker plugin this collector installs: its state on each worker is
+        ``dask_worker.plugins[collector.plugin_name]`` (e.g. in ``client.run``)."""
+        return self._plugin_name
+
+    def weights_ref(self, version: int | None = None) -> WeightsRef:
+        """What batch tasks carry for weights ``version`` (default: the newest): the name of
+        the Dask-published snapshot, or a shared-memory manifest (names, offsets, checksums)."""
+        return self._weights.ref(self._weights.version if version is None else version)
+
+    def weights_key(self, version: int) -> str:
+        """The name weights ``version`` is published under (``client.get_dataset``)."""
+        return self._weights.name(version)
 
     @property
     def weights_transport(self) -> str:

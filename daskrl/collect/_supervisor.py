@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from distributed import Client, Future, as_completed
 
 from daskrl.collect._planner import stream_placement
-from daskrl.errors import ClusterError, ClusterTimeoutError, DaskrlError, WeightsNotSharedError
+from daskrl.errors import ClusterError, ClusterTimeoutError, InternalError, WeightsNotSharedError
 from daskrl.store._handles import BatchHandle
 from daskrl.weights._publish import WeightsPublisher
 from daskrl.worker._tasks import BatchTask, collect_batch
@@ -193,7 +193,7 @@ class Supervisor:
         no_workers_since: float | None = None
         while True:
             if ac.is_empty():
-                raise DaskrlError("daskrl internal error: waiting with no batch in flight")
+                raise InternalError("waiting for a batch with no batch in flight")
             try:
                 fut, result = await asyncio.wait_for(ac.__anext__(), _HEALTH_CHECK_S)
             except (TimeoutError, asyncio.TimeoutError):

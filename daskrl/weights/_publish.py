@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from distributed import Client, Future
 
-from daskrl.errors import ClusterTimeoutError, DaskrlError, PolicyError, WeightsNotSharedError
+from daskrl.errors import ClusterTimeoutError, InternalError, PolicyError, WeightsNotSharedError
 from daskrl.weights._segments import SegmentPool, SharedWeights
 from daskrl.weights._snapshot import WeightsSnapshot, snapshot, weights_layout
 from daskrl.worker._tasks import preload_shared_weights, preload_weights
@@ -159,7 +159,7 @@ class WeightsPublisher:
             return str(self.futures[version].key)
         manifest = self.segments.manifest(version)
         if manifest is None:
-            raise DaskrlError(f"daskrl internal error: weights version {version} is unknown")
+            raise InternalError(f"weights version {version} is unknown to its publisher")
         return manifest
 
     async def _preload(self, version: int, cluster: Cluster) -> None:

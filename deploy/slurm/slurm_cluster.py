@@ -106,7 +106,7 @@ def _private_directory(path: str) -> None:
                  f"chmod 700 {expanded}")
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     defaults = Settings.from_env()
     site = p.add_argument_group("site settings (default: $DASKRL_<NAME>, else the EDIT value)")
@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     # SIGTERM (scancel of a learner job, kill) unwinds like Ctrl-C: the worker jobs are
     # cancelled and the TLS key files deleted on the way out.

@@ -62,7 +62,7 @@ def main(config_path: str) -> int:
             result["summary"] = {k: v for k, v in collector.summary().items()
                                  if k in ("frames", "batches", "weights_version")}
             result["transport"] = collector.weights_transport
-            name = collector._plugin_name
+            name = collector.plugin_name
 
             def sources(dask_worker) -> list:
                 return dask_worker.plugins[name].weight_sources
