@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("DASKRL_FUZZ_EXAMPLES", "12"))
 MEMORY_LIMIT = 3 << 30
 """Address space a child may allocate (RLIMIT_DATA): far more than any example needs."""
@@ -34,7 +34,7 @@ MEMORY_LIMIT = 3 << 30
 @pytest.mark.parametrize("target", ["container", "member", "record"])
 def test_fuzzed_stores_read_correctly_or_raise_a_daskrl_error(target):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "unit")])}
+        [str(ROOT), str(ROOT / "tests")])}
     code = (f"import resource; resource.setrlimit(resource.RLIMIT_DATA, ({MEMORY_LIMIT}, "
             f"{MEMORY_LIMIT})); import test_fuzz_reader as f; f.run({target!r}, {EXAMPLES})")
     try:

@@ -203,9 +203,10 @@ class Supervisor:
                 if fut not in self.pending:  # a replaced attempt
                     continue
                 if fut.status != "finished":
-                    if isinstance(result, WeightsNotSharedError) and attempt < 3:
+                    error = _error_of(result)
+                    if isinstance(error, WeightsNotSharedError) and attempt < 3:
                         # A worker off this machine: weights go through Dask, batch again.
-                        await self.weights.stop_sharing(result, self.workers)
+                        await self.weights.stop_sharing(error, self.workers)
                         task = self.pending.pop(fut)
                         task = dataclasses.replace(
                             task, weights=self.weights.ref(task.weights_version))
@@ -262,3 +263,11 @@ class Supervisor:
         self.placement.clear()
         if pending:
             await self.client.cancel(pending)
+
+
+def _error_of(result: object) -> BaseException | None:
+    """The exception of an errored future as ``as_completed(with_results=True)`` gives it:
+    the exception, or (in this distributed) the ``(type, exception, traceback)`` triple."""
+    if isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], BaseException):
+        return result[1]
+    return result if isinstance(result, BaseException) else None

@@ -139,7 +139,8 @@ class WeightsPublisher:
                 [future] = await cluster.bounded(
                     f"sending weights version {snap.version} to {seed}",
                     self.client.scatter([snap], workers=[seed], hash=False, timeout=t))
-            except (TimeoutError, asyncio.TimeoutError, OSError) as e:
+            except (TimeoutError, asyncio.TimeoutError, OSError, KeyError) as e:
+                # KeyError: the scheduler no longer knows the seed (it left just now)
                 cluster.drop(seed, f"sending weights version {snap.version} failed "
                                    f"({type(e).__name__}: {e})")
                 continue
@@ -212,7 +213,7 @@ class WeightsPublisher:
                            "again", version)
             try:
                 self.futures[version] = await self._scatter(self.snapshots[version], cluster)
-            except (TimeoutError, asyncio.TimeoutError, OSError):  # retried later
+            except (TimeoutError, asyncio.TimeoutError, OSError, KeyError):  # retried later
                 logger.debug("scattering weights version %d failed", version, exc_info=True)
                 return
 
