@@ -37,6 +37,32 @@ def test_cli_collect_prints_a_summary_and_writes_the_store(tmp_path):
     assert daskrl.open_store(str(store)).frames == 4096
 
 
+def test_cli_collect_json_is_the_summary_and_a_second_run_is_announced(tmp_path):
+    import json
+
+    import daskrl as package
+
+    store = tmp_path / "demo"
+    cmd = [sys.executable, "-m", "daskrl.cli", "collect", "--env", "CartPole-v1", "--frames",
+           "2048", "--frames-per-batch", "1024", "--workers", "1", "--store", str(store),
+           "--json", "--no-tls"]
+    runs = []
+    for _ in range(2):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        runs.append((json.loads(out.stdout), out.stderr))  # stdout is exactly one JSON object
+    (first, first_err), (second, second_err) = runs
+    assert (first["run"], second["run"]) == (0, 1)
+    assert first["frames"] == second["frames"] == 2048 and first["batches"] == 2
+    assert first["store"] == f"file://{store}" and first["num_workers"] == 1
+    assert "already holds" not in first_err
+    assert "already holds 1 run(s) (0); this collection adds run 1" in second_err
+    assert [r for r in daskrl.open_store(str(store)).runs()] == [0, 1]
+    version = subprocess.run([sys.executable, "-m", "daskrl.cli", "--version"],
+                             capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0 and version.stdout.strip() == f"daskrl {package.__version__}"
+
+
 def test_cli_bad_input_is_a_clear_error(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "daskrl.cli", "collect", "--env", "CartPole-v1", "--frames",

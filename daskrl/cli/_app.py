@@ -19,11 +19,20 @@ from daskrl.cli._info import add_info_command, run_info
 from daskrl.cli._store import add_store_commands, run_store_command
 from daskrl.errors import DaskrlError
 
-__all__ = ["error_line", "main"]
+__all__ = ["DESCRIPTION", "error_line", "main"]
+
+DESCRIPTION = ("Collect reinforcement-learning experience on Dask into a zarr store: "
+               "'daskrl collect' runs a collection (on an embedded cluster unless told "
+               "otherwise); 'daskrl info' shows a cluster; 'daskrl inspect', 'gc' and 'prune' "
+               "look after a store.")
+"""What ``daskrl --help`` says first, as plain text."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="daskrl", description=__doc__.split("\n\n")[0])
+    from daskrl import __version__
+
+    p = argparse.ArgumentParser(prog="daskrl", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"daskrl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     add_collect_command(sub)
     add_info_command(sub)

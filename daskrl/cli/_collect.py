@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import json
 import math
+import sys
 from typing import Any
 
 from daskrl.cli._options import add_config_options, config_from_args
@@ -39,6 +41,9 @@ def add_collect_command(sub: Any) -> None:
                    help="'module:factory' called with (observation_space, action_space); "
                         "default: an untrained 64-64 MLP")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.add_argument("--json", action="store_true",
+                   help="print the collector's summary as one JSON object instead of text "
+                        "(and no progress bar)")
     add_config_options(c)
     add_cluster_args(c)
 
@@ -107,11 +112,13 @@ def run_collect(args: argparse.Namespace) -> int:
         shared_memory=args.shared_memory)
     obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
     policy = make_policy(args.policy, obs_space, act_space)
+    _note_earlier_runs(args.store)
     d = deployment(args, workers=config.num_workers)
     try:
         with Collector(args.env, policy, args.store,
                        client=d.client if d is not None else None, config=config) as collector:
-            with tqdm(total=config.total_frames, unit="frame", disable=args.no_progress,
+            with tqdm(total=config.total_frames, unit="frame",
+                      disable=args.no_progress or args.json,
                       dynamic_ncols=True) as bar:
                 for handle in collector:
                     bar.update(handle.frames)
@@ -123,6 +130,10 @@ def run_collect(args: argparse.Namespace) -> int:
     finally:
         if d is not None:
             d.close()
+    if args.json:
+        print(json.dumps(_plain({**s, "run": collector.run, "num_workers": n_workers,
+                                 "weights_transport": transport}), allow_nan=False))
+        return 0
     mean = "n/a" if math.isnan(s["mean_return"]) else f"{s['mean_return']:.2f}"
     per_worker = ", ".join(f"{addr} {w['fps']:.0f} ({w['rollout_fps']:.0f} stepping)"
                            for addr, w in s["workers"].items())
@@ -135,3 +146,32 @@ def run_collect(args: argparse.Namespace) -> int:
         f"store: {s['store']}  (read it with daskrl.open_store({s['store']!r}))"
     )
     return 0
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as strict JSON values: NaN (no episode finished yet) becomes null, numpy
+    scalars numbers, mapping keys strings."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _note_earlier_runs(store: str) -> None:
+    """Say so when the store already holds runs: this collection adds one more."""
+    from daskrl.store._store import TrajectoryStore
+
+    try:
+        runs = TrajectoryStore(store).runs()
+    except Exception:  # a new store, or one the collector will explain (best effort)
+        return
+    if runs:
+        print(f"daskrl: note: the store {store!r} already holds {len(runs)} run(s) "
+              f"({', '.join(str(r) for r in sorted(runs))}); this collection adds run "
+              f"{max(runs) + 1} (its batches stay apart by run; use a new store to start "
+              "afresh).", file=sys.stderr)
