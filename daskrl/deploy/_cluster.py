@@ -93,8 +93,9 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
             options["security"] = Security.temporary()
         except ImportError as e:
             raise MissingDependencyError(
-                "the embedded cluster uses TLS, which needs the 'cryptography' package: "
-                'pip install "daskrl[tls]" (or local_cluster(tls=False) to opt out).'
+                "the embedded cluster uses TLS, which needs the 'cryptography' package (a "
+                'dependency of daskrl): pip install "cryptography>=42", or opt out with '
+                "local_cluster(tls=False)."
             ) from e
         options["protocol"] = "tls://"
     no_dashboard = dashboard_address is None
