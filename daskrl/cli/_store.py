@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from daskrl.errors import MissingDependencyError
+from daskrl.store._housekeeping import DEFAULT_GRACE_SECONDS
 
 __all__ = ["add_store_commands", "run_store_command"]
 
@@ -46,8 +47,9 @@ def add_store_commands(sub: Any) -> None:
                        description="Delete uncommitted write attempts and *.partial files older "
                                    "than a grace period; committed batches are never touched.")
     store_args(g)
-    g.add_argument("--older-than", type=float, default=3600.0, metavar="SECONDS",
-                   help="grace period for writers still running (default 3600)")
+    g.add_argument("--older-than", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
+                   help="grace period for writers still running "
+                        f"(default {DEFAULT_GRACE_SECONDS:g})")
     g.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     p = sub.add_parser("prune", help="delete all but the newest batches",
                        description="Delete committed batches, keeping the N with the highest "
