@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
 from daskrl.errors import StoreOptionsRequiredError, UsageError
 
 if TYPE_CHECKING:
+    from tensordict import TensorDict
+
     from daskrl.store._store import TrajectoryStore
 
 __all__ = ["BatchHandle"]
@@ -79,6 +81,24 @@ class BatchHandle:
         """Frames per second of the rollout on its worker (store writes excluded)."""
         return self.frames / self.rollout_seconds if self.rollout_seconds > 0 else float("nan")
 
+    @overload
+    def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
+             storage_options: Mapping[str, Any] | None = None, *,
+             store: TrajectoryStore | None = None, as_tensordict: Literal[False] = False,
+             ) -> dict[str, torch.Tensor]: ...
+
+    @overload
+    def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
+             storage_options: Mapping[str, Any] | None = None, *,
+             store: TrajectoryStore | None = None, as_tensordict: Literal[True],
+             ) -> TensorDict: ...
+
+    @overload
+    def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
+             storage_options: Mapping[str, Any] | None = None, *,
+             store: TrajectoryStore | None = None, as_tensordict: bool,
+             ) -> dict[str, torch.Tensor] | TensorDict: ...
+
     def load(
         self,
         device: torch.device | str | None = None,
@@ -86,7 +106,8 @@ class BatchHandle:
         storage_options: Mapping[str, Any] | None = None,
         *,
         store: TrajectoryStore | None = None,
-    ) -> dict[str, torch.Tensor]:
+        as_tensordict: bool = False,
+    ) -> dict[str, torch.Tensor] | TensorDict:
         """Read the batch from the store as ``{key: tensor [T, E, ...]}`` on ``device``.
 
         ``store``: the store object to read through (e.g. ``collector.store``, or
@@ -94,7 +115,23 @@ class BatchHandle:
         ``storage_options`` (:class:`~daskrl.StoreOptionsRequiredError` otherwise) unless
         they are given as ``storage_options``.  A store that needs none (a local path) is
         opened from the handle's URL.
+
+        ``as_tensordict=True``: the same tensors as one ``tensordict.TensorDict`` of batch size
+        ``[T, E]`` (the ``daskrl[torchrl]`` extra; TorchRL's layout:
+        :func:`daskrl.integrations.torchrl.to_torchrl`).
         """
+        if not as_tensordict:
+            return self._load(device, keys, storage_options, store)
+        from daskrl.integrations.torchrl import tensordict_class, to_tensordict
+
+        tensordict_class()  # a missing extra fails before any read
+        size = self.shape if self.shape != (0, 0) else None
+        return to_tensordict(self._load(device, keys, storage_options, store), batch_size=size,
+                             device=device)
+
+    def _load(self, device: torch.device | str | None, keys: Sequence[str] | None,
+              storage_options: Mapping[str, Any] | None, store: TrajectoryStore | None,
+              ) -> dict[str, torch.Tensor]:
         from daskrl.store._store import TrajectoryStore
 
         if store is None and storage_options is None:

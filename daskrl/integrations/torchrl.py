@@ -1,0 +1,271 @@
+"""TensorDict and TorchRL views of daskrl batches, and TorchRL replay buffers fed from a store.
+
+Owns the mapping from a batch's arrays (``{key: tensor [T, E, ...]}``, time-major, as
+:meth:`~daskrl.BatchHandle.load` returns them) to a :class:`tensordict.TensorDict` and to the
+layout TorchRL's collectors produce (``docs/integrations/torchrl.md`` has the table).
+``tensordict`` is imported on first use, never when :mod:`daskrl` is imported; without it the
+functions raise :class:`~daskrl.MissingDependencyError` (``pip install "daskrl[torchrl]"``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from daskrl.errors import MissingDependencyError, UsageError
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+    from daskrl.store._handles import BatchHandle
+    from daskrl.store._store import TrajectoryStore
+
+__all__ = ["TORCHRL_KEYS", "extend_replay_buffer", "tensordict_class", "to_tensordict",
+           "to_torchrl"]
+
+INSTALL = 'pip install "daskrl[torchrl]"'
+
+REQUIRED = ("observation", "next_observation", "action", "reward", "terminated", "truncated")
+"""The arrays :func:`to_torchrl` needs (every batch has them)."""
+
+TORCHRL_KEYS: Mapping[str, Any] = {
+    "observation": "observation",
+    "action": "action",
+    "next_observation": ("next", "observation"),
+    "reward": ("next", "reward"),
+    "terminated": ("next", "terminated"),
+    "truncated": ("next", "truncated"),
+    "episode_id": ("collector", "traj_ids"),
+    "step": "step_count",
+}
+"""Where :func:`to_torchrl` puts each of a batch's arrays (policy outputs keep their names, at
+the root). It adds ``("next", "done")`` (``terminated | truncated``), ``("next",
+"step_count")`` (``step + 1``) and the root ``done``/``terminated``/``truncated`` (all False,
+as in a collector's output: the flags of the state a step starts from, after any reset)."""
+
+_OWN_KEYS = frozenset({"observation", "action", "next", "collector", "done", "terminated",
+                       "truncated", "step_count"})
+
+
+def tensordict_class() -> type[TensorDict]:
+    """``tensordict.TensorDict``, or :class:`~daskrl.MissingDependencyError` naming the extra."""
+    try:
+        from tensordict import TensorDict
+    except ImportError as e:
+        raise MissingDependencyError(
+            f"TensorDict and TorchRL views of daskrl batches need the 'tensordict' package, "
+            f"which is not installed ({e}): {INSTALL} (tensordict and torchrl)."
+        ) from e
+    return TensorDict
+
+
+def _tensors(batch: Any, what: str) -> dict[str, torch.Tensor]:
+    """``batch``'s arrays as a flat ``{name: tensor}``: a mapping or a flat TensorDict."""
+    if not hasattr(batch, "keys") or not hasattr(batch, "__getitem__"):
+        raise UsageError(f"{what} takes a batch as handle.load() returns it ({{key: tensor "
+                         f"[T, E, ...]}}, or a TensorDict of it), got {type(batch).__name__}.")
+    keys = list(batch.keys())  # iterating a TensorDict would walk its first dimension
+    if "next" in keys and not isinstance(batch["next"], torch.Tensor):
+        raise UsageError(f"{what} takes a batch's arrays as {{name: tensor}}, and this one has "
+                         "('next', ...) entries (it is in TorchRL's layout already). Pass what "
+                         "handle.load() returns.")
+    out: dict[str, torch.Tensor] = {}
+    for key in keys:
+        value = batch[key]
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise UsageError(
+                f"{what} takes a batch's arrays as {{name: tensor}}; its entry {key!r} is a "
+                f"{type(value).__name__}. Pass what handle.load() returns."
+            )
+        out[key] = value
+    return out
+
+
+def _time_env(arrays: Mapping[str, torch.Tensor], what: str) -> tuple[int, int]:
+    """The ``(T, E)`` every array starts with."""
+    if not arrays:
+        raise UsageError(f"{what} got a batch with no arrays; load it without keys=, or with "
+                         "keys= that name some of its arrays.")
+    shapes = {k: tuple(v.shape[:2]) for k, v in arrays.items()}
+    first, first_shape = next(iter(shapes.items()))
+    for k, shape in shapes.items():
+        if len(shape) < 2 or shape != first_shape:
+            raise UsageError(
+                f"{what} needs every array time-major [T, E, ...] with one (T, E); {k!r} has "
+                f"shape {tuple(arrays[k].shape)} and {first!r} {tuple(arrays[first].shape)}."
+            )
+    return first_shape[0], first_shape[1]
+
+
+def to_tensordict(batch: Mapping[str, torch.Tensor], *, batch_size: Sequence[int] | None = None,
+                  device: torch.device | str | None = None) -> TensorDict:
+    """A batch's arrays as one :class:`tensordict.TensorDict` of batch size ``[T, E]``.
+
+    The same tensors under the same keys (array names are identifiers, so the TensorDict is
+    flat); ``device`` sets the TensorDict's device (moving tensors that are elsewhere).
+    ``batch_size`` defaults to the arrays' shared ``(T, E)``.
+
+    Examples
+    --------
+    >>> td = to_tensordict(handle.load())          # doctest: +SKIP
+    >>> td.batch_size, td["observation"].shape     # doctest: +SKIP
+    (torch.Size([T, E]), torch.Size([T, E, 4]))
+    """
+    td_class = tensordict_class()
+    arrays = _tensors(batch, "to_tensordict")
+    size = list(batch_size) if batch_size is not None else list(_time_env(arrays, "to_tensordict"))
+    return td_class(arrays, batch_size=size, device=device)
+
+
+def _one_hot(action: torch.Tensor, n: int) -> torch.Tensor:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UsageError(f"one_hot_actions must be the number of discrete actions (an int >= 1) "
+                         f"or None, got {n!r}.")
+    if action.dim() != 2 or action.dtype.is_floating_point or action.dtype == torch.bool:
+        raise UsageError(
+            f"one_hot_actions={n} needs the integer actions of a Discrete space ([T, E]); the "
+            f"batch's action is {action.dtype} of shape {tuple(action.shape)}. Pass "
+            "one_hot_actions=None to keep the actions as stored."
+        )
+    if action.numel() and (int(action.min()) < 0 or int(action.max()) >= n):
+        raise UsageError(
+            f"one_hot_actions={n}: the batch has actions from {int(action.min())} to "
+            f"{int(action.max())}, outside range({n}). Pass the space's n (a Discrete space "
+            "starting at 0)."
+        )
+    return torch.nn.functional.one_hot(action.long(), n)
+
+
+def to_torchrl(batch: Mapping[str, torch.Tensor] | TensorDict, *, env_first: bool = False,
+               one_hot_actions: int | None = None,
+               device: torch.device | str | None = None) -> TensorDict:
+    """A batch in the layout of TorchRL's collectors: a TensorDict with ``("next", ...)`` keys.
+
+    ``batch`` is what :meth:`~daskrl.BatchHandle.load` returns (also with
+    ``as_tensordict=True``). Keys: ``observation``, ``action``, ``("next", "observation")``,
+    ``("next", "reward")``, ``("next", "terminated")``, ``("next", "truncated")``, ``("next",
+    "done")`` (``terminated | truncated``), the root ``done``/``terminated``/``truncated`` (all
+    False, as a collector's), ``step_count`` and ``("next", "step_count")`` (from ``step``),
+    ``("collector", "traj_ids")`` (the ``episode_id``), and policy outputs under their own names;
+    rewards and flags get TorchRL's trailing ``[..., 1]`` (see :data:`TORCHRL_KEYS`).
+
+    ``env_first``: batch size ``[E, T]`` (contiguous), as TorchRL collectors over batched envs
+    give it (``td.reshape(-1)`` then lists each env's steps in order, and value estimators such
+    as GAE see time as the last batch dimension); time-major ``[T, E]`` otherwise.
+    ``one_hot_actions=n``: the integer actions of a ``Discrete(n)`` space as TorchRL's one-hot
+    encoding (``GymEnv``'s default; ``int64 [..., n]``), kept as stored otherwise (TorchRL's
+    ``categorical_action_encoding=True``).  ``device``: the TensorDict's device.
+    """
+    td_class = tensordict_class()
+    arrays = _tensors(batch, "to_torchrl")
+    missing = [k for k in REQUIRED if k not in arrays]
+    if missing:
+        raise UsageError(
+            f"to_torchrl needs the arrays {missing}, which this batch was loaded without (it "
+            f"has {sorted(arrays)}); load it without keys=, or with keys= that include "
+            f"{list(REQUIRED)}."
+        )
+    T, E = _time_env(arrays, "to_torchrl")
+    clash = sorted(_OWN_KEYS.intersection(arrays) - set(TORCHRL_KEYS))
+    if clash:
+        raise UsageError(f"the batch has policy outputs named {clash}, which TorchRL's layout "
+                         "uses for its own keys; rename them in the policy.")
+    for k in ("reward", "terminated", "truncated"):
+        if arrays[k].dim() != 2:
+            raise UsageError(f"to_torchrl needs {k!r} as [T, E], got shape "
+                             f"{tuple(arrays[k].shape)}.")
+    for k in ("terminated", "truncated"):
+        if arrays[k].dtype != torch.bool:
+            raise UsageError(f"to_torchrl needs {k!r} as bool, got {arrays[k].dtype}.")
+    if one_hot_actions is not None:
+        arrays["action"] = _one_hot(arrays["action"], one_hot_actions)
+
+    terminated = arrays.pop("terminated").unsqueeze(-1)
+    truncated = arrays.pop("truncated").unsqueeze(-1)
+    nxt: dict[str, torch.Tensor] = {
+        "observation": arrays.pop("next_observation"),
+        "reward": arrays.pop("reward").unsqueeze(-1),
+        "done": terminated | truncated,
+        "terminated": terminated,
+        "truncated": truncated,
+    }
+    root: dict[str, Any] = {
+        "observation": arrays.pop("observation"),
+        "action": arrays.pop("action"),
+        "done": torch.zeros_like(terminated),
+        "terminated": torch.zeros_like(terminated),
+        "truncated": torch.zeros_like(truncated),
+    }
+    if "step" in arrays:
+        step = arrays.pop("step").unsqueeze(-1)
+        root["step_count"] = step
+        nxt["step_count"] = step + 1
+    if "episode_id" in arrays:
+        root["collector"] = {"traj_ids": arrays.pop("episode_id")}
+    root.update(arrays)  # policy outputs, as stored
+    root["next"] = nxt
+    if env_first:
+        root = _env_first(root)
+    return td_class(root, batch_size=[E, T] if env_first else [T, E], device=device)
+
+
+def _env_first(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: _env_first(v) if isinstance(v, dict) else v.transpose(0, 1).contiguous()
+            for k, v in tree.items()}
+
+
+def _batches(source: Any, keys: Sequence[str] | None, device: torch.device | str | None,
+             ) -> Iterator[dict[str, torch.Tensor]]:
+    from daskrl.store._handles import BatchHandle
+    from daskrl.store._store import TrajectoryStore, open_store
+
+    if isinstance(source, (str, os.PathLike)):
+        source = open_store(source)
+    if isinstance(source, TrajectoryStore):  # batches deleted while reading are skipped
+        for _handle, batch in source.iter_batches(keys, device=device):
+            yield batch
+        return
+    if isinstance(source, BatchHandle):
+        source = [source]
+    if not isinstance(source, Iterable):
+        raise UsageError(f"extend_replay_buffer reads a store (an open store or its URL), a "
+                         f"BatchHandle or handles, got {type(source).__name__}.")
+    for handle in source:
+        if not isinstance(handle, BatchHandle):
+            raise UsageError(f"extend_replay_buffer got a {type(handle).__name__} among its "
+                             "handles; pass BatchHandles (e.g. those a Collector hands over).")
+        yield handle.load(device, keys)
+
+
+def extend_replay_buffer(
+    rb: Any,
+    source: TrajectoryStore | BatchHandle | Iterable[BatchHandle] | str | os.PathLike[str],
+    *,
+    keys: Sequence[str] | None = None,
+    one_hot_actions: int | None = None,
+    device: torch.device | str | None = None,
+) -> int:
+    """Add every transition of ``source``'s batches to a TorchRL replay buffer; return how many.
+
+    ``rb``: a ``torchrl.data.ReplayBuffer`` (e.g. ``TensorDictReplayBuffer(storage=
+    LazyTensorStorage(n))``). ``source``: a store (an open :class:`~daskrl.TrajectoryStore` or a
+    local store's URL: its committed batches, by id), one :class:`~daskrl.BatchHandle`, or
+    handles (e.g. each handle a :class:`~daskrl.Collector` hands over). Each batch is put in
+    TorchRL's layout (:func:`to_torchrl`, env-first) and flattened to ``[E * T]``, so each env's
+    steps lie in order and ``("collector", "traj_ids")`` tells episodes apart (what
+    ``SliceSampler(traj_key=("collector", "traj_ids"))`` needs). ``keys`` selects arrays (it
+    must include those :func:`to_torchrl` needs); ``device`` is where batches are loaded to.
+    """
+    if not callable(getattr(rb, "extend", None)):
+        raise UsageError(f"extend_replay_buffer needs a TorchRL replay buffer (with .extend), "
+                         f"got {type(rb).__name__}.")
+    tensordict_class()  # a missing extra fails before any read
+    added = 0
+    for batch in _batches(source, keys, device):
+        flat = to_torchrl(batch, env_first=True, one_hot_actions=one_hot_actions).reshape(-1)
+        rb.extend(flat)
+        added += flat.numel()
+    return added
