@@ -106,13 +106,8 @@ def to_tensordict(batch: Mapping[str, torch.Tensor], *, batch_size: Sequence[int
 
     The same tensors under the same keys (array names are identifiers, so the TensorDict is
     flat); ``device`` sets the TensorDict's device (moving tensors that are elsewhere).
-    ``batch_size`` defaults to the arrays' shared ``(T, E)``.
-
-    Examples
-    --------
-    >>> td = to_tensordict(handle.load())          # doctest: +SKIP
-    >>> td.batch_size, td["observation"].shape     # doctest: +SKIP
-    (torch.Size([T, E]), torch.Size([T, E, 4]))
+    ``batch_size`` defaults to the arrays' shared ``(T, E)``.  ``handle.load(as_tensordict=True)``
+    is ``to_tensordict(handle.load())``.
     """
     td_class = tensordict_class()
     arrays = _tensors(batch, "to_tensordict")

@@ -29,12 +29,13 @@ class _ParityPolicy(torch.nn.Module):
         return {"action": obs[:, 1].long() % 2, "tag": obs[:, 0].clone()}
 
 
-def _store(tmp_path, batches: int = 2) -> TrajectoryStore:
+def _store(tmp_path, batches: int = 2, max_steps: int | None = None) -> TrajectoryStore:
     """A store of ``batches`` real rollouts of CountingEnv (episodes of LENGTH steps, across
-    batch boundaries) with the policy's extra output ``tag``."""
+    batch boundaries; truncated at ``max_steps``) with the policy's extra output ``tag``."""
     store = TrajectoryStore(str(tmp_path / "s"), read_only=False)
     store.initialize()
-    envset = EnvSet(EnvSpec(lambda: CountingEnv(LENGTH)), n_envs=E, seed=0, stream=0)
+    envset = EnvSet(EnvSpec(lambda: CountingEnv(LENGTH), max_episode_steps=max_steps),
+                    n_envs=E, seed=0, stream=0)
     for b in range(batches):
         arrays, _ = envset.collect(_ParityPolicy(), torch.device("cpu"), steps=T, batch_id=b)
         meta = {"frames": T * E, "weights_version": 0, "worker": "w", "device": "cpu",
@@ -95,6 +96,14 @@ def test_torchrl_layout_of_real_transitions(tmp_path):
         assert ef[key].is_contiguous() and torch.equal(ef[key], td[key].transpose(0, 1)), key
     flat = ef.reshape(-1)  # each env's steps in order
     assert torch.equal(flat["step_count"][:T, 0], batch["step"][:, 0])
+
+
+def test_truncated_episodes_are_done_and_not_terminated(tmp_path):
+    batch = _store(tmp_path, 1, max_steps=LENGTH - 1).handle(0).load()
+    td = to_torchrl(batch)
+    assert td["next", "truncated"].any() and not td["next", "terminated"].any()
+    assert torch.equal(td["next", "done"], td["next", "truncated"])
+    assert torch.equal(td["next", "done"][..., 0], td["next", "step_count"][..., 0] == LENGTH - 1)
 
 
 def test_one_hot_actions(tmp_path):
