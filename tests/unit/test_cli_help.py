@@ -125,3 +125,11 @@ def test_a_command_line_that_does_not_parse_is_a_usage_error(capsys):
             main(argv)
         assert e.value.code == USAGE, argv
     assert "the following arguments are required: --env" in capsys.readouterr().err
+
+
+def test_the_docs_list_the_same_exit_statuses():
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "cli.md"
+    rows = {int(m.group(1)) for m in re.finditer(r"^\| (\d+) \| ", page.read_text(), re.M)}
+    assert rows == {OK, RUNTIME, USAGE, CONFIG, INTERRUPTED, TERMINATED}
