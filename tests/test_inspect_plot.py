@@ -130,6 +130,7 @@ def test_a_batch_whose_data_is_gone_is_left_out_and_said(two_runs, tmp_path):
     lo, hi = curves[0].batch_ranges[bid]
     assert not any(lo < x <= hi for x in curves[0].end_frames)
     fig = plot_figure(daskrl.open_store(two_runs))
-    assert f"{curves[0].unplaced} episodes of unreadable batches not shown" in [
+    assert f"{curves[0].unplaced} episodes not shown: their batches cannot be read, or do not "\
+           "hold their ends" in [
         t.get_text() for t in fig.axes[0].texts]
     assert plot_returns(daskrl.open_store(two_runs), tmp_path / "p.png").stat().st_size > 0

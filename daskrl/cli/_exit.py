@@ -38,7 +38,7 @@ exit status:
   {OK}    success
   {RUNTIME}    runtime error: the command started and failed (an env or policy that raises \
 or misbehaves on a worker, a batch past its timeout, store reads or writes, access denied, a \
-cluster that cannot be reached or is lost, SLURM refusing or ending the worker jobs), or an \
+store that is not there (yet) or is damaged, a cluster that cannot be reached or is lost, SLURM refusing or ending the worker jobs), or an \
 unexpected error (a bug: --debug shows it in full)
   {USAGE}    usage error: the command line does not parse (an unknown option, a missing or \
 malformed value)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from daskrl.errors import MissingDependencyError, StoreError
+from daskrl.errors import ArrayNotFoundError, MissingDependencyError, StoreError
 from daskrl.store._layout import run_of
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class RunCurve:
     """``{worker: (frames at the end of each of its batches, frames/s of each)}``."""
     unplaced: int
     """Episodes not shown: their batch's arrays could not be read (deleted since listed,
-    damaged) or do not hold as many episode ends as the commit record."""
+    damaged, no ``terminated``) or do not hold as many episode ends as the commit record."""
 
 
 def _end_steps(store: TrajectoryStore, bid: int, n_envs: int, n_episodes: int
@@ -67,11 +67,21 @@ def _end_steps(store: TrajectoryStore, bid: int, n_envs: int, n_episodes: int
     env), or None if its arrays cannot be read or disagree with the record."""
     if n_episodes == 0:
         return np.zeros(0, np.int64)
-    try:
-        arrays = store.load(bid, keys=["terminated", "truncated"])
-    except (StoreError, KeyError):  # deleted since listed (BatchNotFoundError), damaged
+    arrays: dict[str, Any] = {}
+    # A batch written by other code than a collector may lack ``truncated``.
+    for keys in (["terminated", "truncated"], ["terminated"]):
+        try:
+            arrays = store.load(bid, keys=keys)
+            break
+        except ArrayNotFoundError:
+            continue
+        except (StoreError, KeyError):  # deleted since listed (BatchNotFoundError), damaged
+            return None
+    if not arrays:
         return None
-    done = (arrays["terminated"] | arrays["truncated"]).numpy().reshape(-1)
+    done = arrays["terminated"].numpy().reshape(-1).copy()
+    if "truncated" in arrays:
+        done |= arrays["truncated"].numpy().reshape(-1)
     ends = np.flatnonzero(done)  # row-major [T, E]: by step, then env, as the worker appends
     return ends // n_envs if ends.size == n_episodes else None
 
@@ -184,7 +194,8 @@ def plot_figure(store: TrajectoryStore, title: str | None = None) -> Figure:
         ax.text(0.5, 0.5, "no episode has ended yet", ha="center", va="center",
                 transform=ax.transAxes)
     if unplaced:
-        ax.text(0.01, 0.01, f"{unplaced} episodes of unreadable batches not shown",
+        ax.text(0.01, 0.01, f"{unplaced} episodes not shown: their batches cannot be read, "
+                "or do not hold their ends",
                 transform=ax.transAxes, fontsize="small", color="0.4")
     ax.set_ylabel("episode return")
     ax.set_title(title or store.url, fontsize="medium")
