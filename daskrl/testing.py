@@ -212,6 +212,11 @@ class FaultyEnv(CountingEnv):
         return obs, r, term, trunc, info
 
 
+gym.register("Faulty-v0", entry_point="daskrl.testing:FaultyEnv", max_episode_steps=None)
+"""``daskrl collect --env daskrl.testing:Faulty-v0 --env-kwargs '{"at": 40}'``: a misbehaving env
+by id, for the command line."""
+
+
 class EnvVarPolicy(TagPolicy):
     """A :class:`TagPolicy` that reads the environment variable ``name`` at every step: it
     raises ``KeyError`` where that is unset (say, set on the learner but not on workers)."""

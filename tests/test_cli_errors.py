@@ -1,5 +1,6 @@
 """The real ``daskrl`` command, run as a subprocess with bad input: one line saying what to
-fix on stderr, a non-zero exit status, and a traceback only with ``--debug``."""
+fix on stderr, the exit status of its class (2 usage, 3 configuration, 1 runtime), and a
+traceback only with ``--debug``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import uuid
 import pytest
 
 import daskrl
+from daskrl.cli._exit import CONFIG, RUNTIME, USAGE
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,7 +23,7 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def _one_error_line(out: subprocess.CompletedProcess, status: int = 2) -> str:
+def _one_error_line(out: subprocess.CompletedProcess, status: int = CONFIG) -> str:
     """The error line, after checking it is all that was printed."""
     assert out.returncode == status, out
     assert "Traceback" not in out.stderr, out.stderr
@@ -54,7 +56,7 @@ def test_an_unknown_env_kwargs_key(tmp_path):
 
 def test_env_kwargs_that_are_not_a_json_object(tmp_path):
     out = _cli(*_collect(tmp_path, "--env", "CartPole-v1", "--env-kwargs", "[9.8]"))
-    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.returncode == USAGE and "Traceback" not in out.stderr  # argparse refused it
     assert out.stderr.splitlines()[-1] == ("daskrl collect: error: argument --env-kwargs: "
                                            "--env-kwargs takes a JSON object, got '[9.8]'")
 
@@ -94,7 +96,8 @@ def test_storage_options_an_s3_store_refuses_and_wrong_credentials(s3_with_auth)
                            "refused its storage_options (")
     assert "'regoin'" in line
     del options["regoin"]
-    line = _one_error_line(_cli("gc", url, "--storage-options", json.dumps(options)))
+    # Access denied is a runtime error: the same command may work once the credentials do.
+    line = _one_error_line(_cli("gc", url, "--storage-options", json.dumps(options)), RUNTIME)
     # The server's own reason (e.g. "Forbidden", or that the key id is unknown) in between.
     head = f"cannot read 'zarr.json' in store {url!r}: access denied ("
     assert line.startswith(head) and line.endswith(
@@ -106,7 +109,7 @@ def test_a_worker_error_is_one_line_with_worker_and_version(tmp_path):
     # CountingEnv(length="5") compares an int with a str in step(): on the worker only.
     out = _cli(*_collect(tmp_path, "--env", "daskrl.testing:Counting-v0", "--env-kwargs",
                          '{"length": "5"}'), timeout=240)
-    line = _one_error_line(out)
+    line = _one_error_line(out, RUNTIME)
     assert re.fullmatch(
         re.escape("env 'daskrl.testing:Counting-v0' (env index 0) raised in step() at step 0 "
                   "of batch 0: TypeError(\"'>=' not supported between instances of 'int' and "
@@ -118,7 +121,7 @@ def test_debug_prints_the_traceback(tmp_path):
     for args in (["--debug", *_collect(tmp_path, "--env", "CartPol-v1")],
                  [*_collect(tmp_path, "--env", "CartPol-v1"), "--debug"]):
         out = _cli(*args)
-        assert out.returncode == 2
+        assert out.returncode == CONFIG
         assert out.stderr.startswith("Traceback (most recent call last):")
         assert "gymnasium.error.NameNotFound" in out.stderr  # the cause, chained
         assert out.stderr.splitlines()[-1].startswith(

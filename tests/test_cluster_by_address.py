@@ -140,8 +140,8 @@ def test_late_worker_gets_env_vars_and_a_version_mismatch_is_refused(cli, tmp_pa
                                 lines[3])
             assert len(lines) == 5  # header, rule, one differing package, then what to do
 
-            # `daskrl info` shows the same, and exits with status 1.
-            assert cli_main(["info", "--scheduler", scheduler_address(sched)]) == 1
+            # `daskrl info` shows the same, and exits with status 3 (a configuration error).
+            assert cli_main(["info", "--scheduler", scheduler_address(sched)]) == 3
             out, err = capsys.readouterr()
             v = re.escape(gymnasium.__version__)
             assert re.search(rf"gymnasium\s+{v}\s+0\.0\.1 \(1\), {v} \(2\)\s+DIFFERS", out), out

@@ -228,7 +228,7 @@ def test_cli_slurm_cluster_prints_its_job_script(tmp_path, capsys):
     assert re.search(r"scheduler: tls://127\.0\.0\.1:\d+  \(0 workers\)", out)
 
     assert cli_main(["collect", "--env", "CartPole-v1", "--store", str(tmp_path / "s"),
-                     "--cluster", "slurm"]) == 2
+                     "--cluster", "slurm"]) == 3  # a configuration error
     assert ("daskrl: error: --cluster slurm needs --workers N: how many workers (one per job "
             "as in deploy/slurm/jobqueue.yaml) to ask SLURM for.") in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -530,7 +530,7 @@ def test_cli_gives_up_with_the_job_log_when_workers_die_at_start(slurm, tmp_path
                 "--workers", "1", "--no-progress", "--cluster", "slurm", "--jobqueue-config",
                 str(YAML), *as_cli_options(site)),
         capture_output=True, text=True, timeout=220, cwd=tmp_path, env=_job_env())
-    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.returncode == 1, out.stdout + out.stderr  # a runtime error: the jobs ended
     err = out.stderr
     assert re.search(r"daskrl: error: 1 of 1 SLURM worker jobs ended before 1 Dask worker\(s\) "
                      r"joined \(joined: 0\)", err), err
@@ -555,7 +555,7 @@ def test_a_job_this_slurm_cannot_run_is_refused_before_it_queues(slurm, tmp_path
                        scheduler_options=LOOPBACK)
     assert cli_main(["collect", "--env", "CartPole-v1", "--store", str(tmp_path / "s"),
                      "--workers", "1", "--cluster", "slurm", "--jobqueue-config", str(YAML),
-                     *as_cli_options({**small_site(tmp_path / "x"), "memory": "64TiB"})]) == 2
+                     *as_cli_options({**small_site(tmp_path / "x"), "memory": "64TiB"})]) == 1
     err = capsys.readouterr().err
     assert "SLURM refuses the worker job: allocation failure: Requested node configuration is " \
            "not available" in err, err

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from daskrl.cli._collect import add_collect_command, run_collect
+from daskrl.cli._exit import EPILOG, INTERRUPTED, status_of
+from daskrl.cli._help import HelpFormatter
 from daskrl.cli._info import add_info_command, run_info
 from daskrl.cli._store import add_store_commands, run_store_command
 from daskrl.errors import DaskrlError
@@ -31,8 +33,10 @@ DESCRIPTION = ("Collect reinforcement-learning experience on Dask into a zarr st
 def _parser() -> argparse.ArgumentParser:
     from daskrl import __version__
 
-    p = argparse.ArgumentParser(prog="daskrl", description=DESCRIPTION)
-    p.add_argument("--version", action="version", version=f"daskrl {__version__}")
+    p = argparse.ArgumentParser(prog="daskrl", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=HelpFormatter)
+    p.add_argument("--version", action="version", version=f"daskrl {__version__}",
+                   help="print daskrl's version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     add_collect_command(sub)
     add_info_command(sub)
@@ -40,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     debug = "on an error, print the full error and its traceback (default: one line)"
     p.add_argument("--debug", action="store_true", help=debug)
     for command in sub.choices.values():  # also after the command: daskrl collect --debug
+        command.formatter_class = HelpFormatter
+        command.epilog = EPILOG
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help=debug)
     return p
@@ -74,8 +80,9 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``daskrl`` command.
 
-    Errors print one line (``daskrl: error: ...``) and exit with status 2 (1 for an
-    unexpected error, 130 when interrupted); ``--debug`` prints the traceback too.
+    Errors print one line (``daskrl: error: ...``); the exit status says which kind of error
+    it was (:mod:`daskrl.cli._exit`: 1 runtime, 2 usage, 3 configuration, 130 interrupted, 143
+    terminated); ``--debug`` prints the traceback too.
     """
     import dask
 
@@ -97,12 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         print("daskrl: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except Exception as e:
         if debug:
             traceback.print_exc()
         print(f"daskrl: error: {error_line(e)}", file=sys.stderr)
-        return 2 if isinstance(e, (DaskrlError, ValueError)) else 1
+        return status_of(e)
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)

@@ -14,7 +14,7 @@ from typing import Any
 from daskrl.cli._options import add_config_options, config_from_args
 from daskrl.cli._store import json_object
 from daskrl.cli._target import add_cluster_args, deployment
-from daskrl.errors import ConfigError
+from daskrl.errors import ConfigError, EnvError
 
 __all__ = ["add_collect_command", "run_collect"]
 
@@ -29,18 +29,31 @@ def _env_var(text: str) -> tuple[str, str]:
 def add_collect_command(sub: Any) -> None:
     """Add ``collect`` to the ``daskrl`` subparsers ``sub``."""
     c = sub.add_parser("collect", help="collect experience into a store",
-                       description="Collect experience with a policy into a zarr store.")
-    c.add_argument("--env", required=True, help="gymnasium id, e.g. CartPole-v1")
-    c.add_argument("--store", required=True, help="local path or fsspec URL of the store")
-    c.add_argument("--device", default="auto", help="policy device on workers (default auto)")
+                       description="Collect experience with a policy into a zarr store, on "
+                                   "an embedded cluster of this machine unless a --scheduler, "
+                                   "--scheduler-file or --cluster is given.")
+    c.add_argument("--env", required=True, metavar="ID",
+                   help="gymnasium env id, e.g. CartPole-v1, or 'module:Id' to import the "
+                        "module that registers it (required)")
+    c.add_argument("--store", required=True, metavar="URL",
+                   help="local path or fsspec URL of the store, e.g. ./runs/cartpole or "
+                        "s3://bucket/prefix (required)")
+    c.add_argument("--device", default="auto",
+                   help="policy device on workers: auto (a worker's GPU if it has one, else "
+                        "its CPU), cpu, cuda, cuda:N or mps")
     c.add_argument("--env-kwargs", type=json_object("--env-kwargs"), default=None,
-                   help="JSON object for gymnasium.make")
+                   metavar="JSON",
+                   help="JSON object of keyword arguments for gymnasium.make, e.g. "
+                        "'{\"gravity\": 9.8}' (default: the env's own)")
     c.add_argument("--env-var", type=_env_var, action="append", default=[],
-                   help="NAME=VALUE set on every worker (repeatable)")
-    c.add_argument("--policy", default=None,
-                   help="'module:factory' called with (observation_space, action_space); "
-                        "default: an untrained 64-64 MLP")
-    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+                   metavar="NAME=VALUE",
+                   help="an environment variable set on every worker before its envs are "
+                        "built (repeatable; default: none)")
+    c.add_argument("--policy", default=None, metavar="MODULE:FACTORY",
+                   help="'module:factory' called with (observation_space, action_space), "
+                        "returning a torch.nn.Module (default: an untrained 64-64 MLP)")
+    c.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (default: a progress bar on stderr)")
     c.add_argument("--json", action="store_true",
                    help="print the collector's summary as one JSON object instead of text "
                         "(and no progress bar)")
@@ -110,7 +123,10 @@ def run_collect(args: argparse.Namespace) -> int:
     config = config_from_args(  # bad values fail before the env is made
         args, device=args.device, env_kwargs=args.env_kwargs, env_vars=dict(args.env_var),
         shared_memory=args.shared_memory)
-    obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
+    try:
+        obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
+    except EnvError as e:  # made here, before any cluster: the env id or its kwargs are wrong
+        raise ConfigError(str(e)) from e
     policy = make_policy(args.policy, obs_space, act_space)
     _note_earlier_runs(args.store)
     d = deployment(args, workers=config.num_workers)

@@ -1,5 +1,6 @@
 """``daskrl info``: a cluster's workers, the device each would collect on, and package
-versions next to this machine's (exit status 1 when they differ or a device is unusable)."""
+versions next to this machine's (exit status 3, a configuration error, when they differ or a
+device is unusable: ``daskrl collect`` would refuse such workers)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, cast
 
+from daskrl.cli._exit import CONFIG, OK
 from daskrl.cli._target import add_cluster_args, deployment
 from daskrl.deploy import connect, worker_report
 from daskrl.deploy._package_versions import (
@@ -23,8 +25,9 @@ def add_info_command(sub: Any) -> None:
     """Add ``info`` to the ``daskrl`` subparsers ``sub``."""
     i = sub.add_parser("info", help="show a cluster's workers, devices and package versions",
                        description="Show a cluster's workers, the device each would collect "
-                       "on, and package versions next to this machine's. Exit status 1 when a "
-                       "worker's versions differ or its device cannot be used.")
+                       "on, and package versions next to this machine's. Exit status 3 (a "
+                       "configuration error) when a worker's versions differ or its device "
+                       "cannot be used.")
     add_cluster_args(i)
 
 
@@ -65,7 +68,7 @@ def run_info(args: argparse.Namespace) -> int:
         if diffs or bad_devices:
             print(f"\n{len(diffs)} worker(s) with other versions, {len(bad_devices)} with an "
                   "unusable device.", file=sys.stderr)
-            return 1
-        return 0
+            return CONFIG
+        return OK
     finally:
         d.close()

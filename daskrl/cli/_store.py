@@ -34,28 +34,35 @@ def add_store_commands(sub: Any) -> None:
     def store_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("store", help="local path or fsspec URL of the store")
         p.add_argument("--storage-options", type=_options, default=None,
-                       help='JSON object passed to fsspec, e.g. \'{"anon": true}\'')
+                       metavar="JSON",
+                       help='JSON object passed to fsspec, e.g. \'{"anon": true}\' '
+                            "(default: none; a local path takes none)")
 
     i = sub.add_parser("inspect", help="summarize a store",
                        description="Print a store's batches, frames, episodes, returns, "
                                    "weights versions, bytes on disk and compression ratio.")
     store_args(i)
     i.add_argument("--plot", metavar="PNG", default=None,
-                   help="also write a plot of episode returns over frames (needs matplotlib)")
-    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+                   help="also write a PNG of episode returns against the frame where each "
+                        "episode ended, one colour per run, and frames/s per worker "
+                        "(needs matplotlib: pip install \"daskrl[plot]\")")
+    i.add_argument("--json", action="store_true",
+                   help="print the summary as one JSON object instead of text")
     g = sub.add_parser("gc", help="delete debris of crashed writers",
                        description="Delete uncommitted write attempts and *.partial files older "
                                    "than a grace period; committed batches are never touched.")
     store_args(g)
     g.add_argument("--older-than", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
-                   help="grace period for writers still running "
-                        f"(default {DEFAULT_GRACE_SECONDS:g})")
-    g.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
+                   help="delete only debris older than this: the grace period for writers "
+                        "still running")
+    g.add_argument("--dry-run", action="store_true",
+                   help="only report what would be deleted, delete nothing")
     p = sub.add_parser("prune", help="delete all but the newest batches",
                        description="Delete committed batches, keeping the N with the highest "
                                    "ids (commit record first, then data).")
     store_args(p)
-    p.add_argument("--keep-last", type=int, required=True, metavar="N")
+    p.add_argument("--keep-last", type=int, required=True, metavar="N",
+                   help="how many batches to keep, those with the highest ids (required)")
 
 
 def run_store_command(args: argparse.Namespace) -> int | None:
@@ -66,7 +73,8 @@ def run_store_command(args: argparse.Namespace) -> int | None:
 
     store = open_store(args.store, args.storage_options, writable=args.command != "inspect")
     if args.command == "inspect":
-        from daskrl.store._inspect import format_summary, plot_returns, summarize
+        from daskrl.store._inspect import format_summary, summarize
+        from daskrl.store._plot import plot_returns
 
         if args.plot:  # fail on a missing matplotlib before the (slower) summary
             try:

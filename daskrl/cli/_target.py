@@ -39,25 +39,33 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster (default: an embedded LocalCluster on this machine)")
     where = g.add_mutually_exclusive_group()
     where.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                       help="address of a running Dask scheduler, e.g. tcp://head:8786")
+                       help="address of a running Dask scheduler, e.g. tcp://head:8786 "
+                            "(default: an embedded cluster)")
     where.add_argument("--scheduler-file", default=None, metavar="FILE",
-                       help="file written by `dask scheduler --scheduler-file FILE`")
+                       help="file written by `dask scheduler --scheduler-file FILE`, naming "
+                            "the scheduler to use")
     where.add_argument("--cluster", choices=["local", "slurm"], default=None,
-                       help="start a cluster: local (default) or slurm (dask-jobqueue)")
+                       help="start a cluster: local (the default) or slurm (dask-jobqueue, "
+                            "with --workers N)")
     g.add_argument("--jobqueue-config", default=None, metavar="YAML",
                    help="--cluster slurm: dask config file, e.g. deploy/slurm/jobqueue.yaml")
     g.add_argument("--jobqueue-option", type=_jobqueue_option, action="append", default=[],
                    metavar="KEY=VALUE",
                    help="--cluster slurm: override one jobqueue.slurm setting, the value in "
                         "YAML (repeatable), e.g. queue=debug, job-cpu=2, memory=4GiB, "
-                        "'job-extra-directives=[]'")
+                        "'job-extra-directives=[]' (default: none)")
     g.add_argument("--no-tls", action="store_true",
-                   help="embedded cluster without TLS (default: TLS with temporary credentials)")
+                   help="embedded cluster without TLS (default: TLS with temporary "
+                        "credentials)")
     g.add_argument("--no-shared-memory", dest="shared_memory", action="store_false",
-                   help="send weights through Dask even to workers on this machine")
-    g.add_argument("--tls-ca-file", default=None, metavar="PEM")
-    g.add_argument("--tls-cert", default=None, metavar="PEM")
-    g.add_argument("--tls-key", default=None, metavar="PEM")
+                   help="send weights through Dask even to workers on this machine "
+                        "(default: one shared-memory copy for them)")
+    g.add_argument("--tls-ca-file", default=None, metavar="PEM",
+                   help="CA certificate of a TLS cluster (tls:// addresses), with --tls-cert")
+    g.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="this client's certificate for a TLS cluster (may hold the key too)")
+    g.add_argument("--tls-key", default=None, metavar="PEM",
+                   help="this client's private key, unless the --tls-cert file holds it")
 
 
 def deployment(args: argparse.Namespace, workers: int | None = None) -> Deployment | None:

@@ -1,4 +1,4 @@
-"""A store at a glance: counts, returns, versions, bytes on disk; a plot of returns over frames.
+"""A store at a glance: counts, returns, versions, bytes on disk (its plot: :mod:`._plot`).
 
 Used by ``daskrl inspect URL``; works on any store :func:`daskrl.open_store` opens.
 """
@@ -6,31 +6,22 @@ Used by ``daskrl inspect URL``; works on any store :func:`daskrl.open_store` ope
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from daskrl.errors import MissingDependencyError
 from daskrl.store._layout import ATTEMPT_NAME
 
 if TYPE_CHECKING:
     from daskrl.store._store import TrajectoryStore
 
-__all__ = ["format_summary", "plot_returns", "summarize"]
+__all__ = ["format_summary", "summarize"]
 
 
-def _returns_by_batch(records: dict[int, dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """``(frames at the end of the batch each episode ended in, return)``, in batch-id order."""
-    xs: list[float] = []
-    ys: list[float] = []
-    frames = 0
-    for rec in records.values():
-        frames += int(rec["frames"])
-        rets = rec.get("episode_returns") or []
-        xs.extend([frames] * len(rets))
-        ys.extend(float(r) for r in rets)
-    return np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+def _returns(records: dict[int, dict[str, Any]]) -> np.ndarray:
+    """The return of every episode that ended, in batch-id order."""
+    return np.asarray([float(r) for rec in records.values()
+                       for r in rec.get("episode_returns") or []], np.float64)
 
 
 def summarize(store: TrajectoryStore) -> dict[str, Any]:
@@ -53,7 +44,7 @@ def summarize(store: TrajectoryStore) -> dict[str, Any]:
         raw += sizes[1]
     if pruned:  # the counts describe the batches that are still there
         records = {b: r for b, r in records.items() if b not in set(pruned)}
-    _, returns = _returns_by_batch(records)
+    returns = _returns(records)
     versions = sorted({int(r["weights_version"]) for r in records.values()})
     lengths = [int(n) for r in records.values() for n in (r.get("episode_lengths") or [])]
     skipped = store.skipped_records()
@@ -116,41 +107,3 @@ def format_summary(s: dict[str, Any]) -> str:
         *([f"unreadable:        {s['skipped_records']} records skipped (damaged or not "
            "daskrl's; listed by store.skipped_records())"] if s.get("skipped_records") else []),
     ])
-
-
-def plot_returns(store: TrajectoryStore, path: str | Path, title: str | None = None) -> Path:
-    """Write a PNG of episode returns over frames (and a 100-episode running mean)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise MissingDependencyError(
-            f"plotting needs matplotlib, which is not installed ({e}). "
-            'Install it with: pip install "daskrl[plot]"'
-        ) from None
-    xs, ys = _returns_by_batch(store.records())
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    try:
-        if ys.size:
-            ax.scatter(xs, ys, s=6, alpha=0.35, label="episode return")
-            c = np.concatenate([[0.0], np.cumsum(ys)])
-            i = np.arange(1, ys.size + 1)
-            lo = np.maximum(0, i - 100)
-            running = (c[i] - c[lo]) / (i - lo)  # trailing mean of up to 100 episodes
-            ax.plot(xs, running, color="C1", lw=2, label="mean of the last 100 episodes")
-            ax.legend(loc="best")
-        else:
-            ax.text(0.5, 0.5, "no episode has ended yet", ha="center", va="center",
-                    transform=ax.transAxes)
-        ax.set_xlabel("frames collected (end of the episode's batch)")
-        ax.set_ylabel("episode return")
-        ax.set_title(title or store.url)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        out = Path(path)
-        fig.savefig(out, format="png")
-    finally:
-        plt.close(fig)
-    return out
