@@ -119,7 +119,7 @@ def run_collect(args: argparse.Namespace) -> int:
         with Collector(args.env, policy, args.store,
                        client=d.client if d is not None else None, config=config) as collector:
             resumed = collector.resumed
-            if resumed is not None and not args.json:
+            if resumed is not None:
                 _note_resume(args.store, resumed, collector.run)
             with tqdm(total=config.total_frames, unit="frame",
                       initial=resumed.frames if resumed is not None else 0,
