@@ -142,6 +142,15 @@ class CollectorConfig:
         "flag": "by hand"})
     """Workers on the learner's machine read each weights version from one copy in shared
     memory instead of receiving it over a socket (Dask transfers for the others)."""
+    resume: bool | int = dataclasses.field(default=False, metadata={
+        "help": "continue the store's latest run (or run RUN) after a crash: its committed "
+                "frames count toward total_frames; a store with no run starts a new one",
+        "metavar": "RUN"})
+    """Continue an interrupted collection in this store instead of starting from zero frames:
+    ``True`` resumes the latest run, an ``int`` the run of that number. Frames already
+    committed by that run (and the runs it resumed) count toward ``total_frames``; the other
+    settings that shape the data must agree with the run's (see
+    ``docs/integrations/resume.md``). ``True`` on a store with no run starts a new one."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
@@ -192,18 +201,23 @@ class CollectorConfig:
             raise ConfigError(
                 f"compression must be one of {choices}, got {self.compression!r}."
             ) from None
+        if not isinstance(self.resume, int) or (not isinstance(self.resume, bool)
+                                                and self.resume < 0):
+            raise ConfigError(f"resume must be True, False or a run number (an integer >= 0), "
+                              f"got {self.resume!r}.")
 
     @property
     def steps_per_batch(self) -> int:
         """``T``: vector steps in a full batch."""
         return self.frames_per_batch // self.envs_per_worker
 
-    def batch_frames(self) -> Any:
-        """Yield the frame count of each batch in order (the last one may be shorter)."""
+    def batch_frames(self, done: int = 0) -> Any:
+        """Yield the frame count of each batch in order (the last one may be shorter), for
+        the frames of ``total_frames`` left once ``done`` are collected (a resumed run)."""
         if self.total_frames is None:
             while True:
                 yield self.frames_per_batch
-        left = self.total_frames
+        left = self.total_frames - done
         while left > 0:
             n = min(self.frames_per_batch, left)
             yield n
@@ -258,3 +272,4 @@ class CollectorOptions(TypedDict, total=False):
     lost_workers_timeout: float
     call_timeout: float
     shared_memory: bool
+    resume: bool | int

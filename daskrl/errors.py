@@ -24,6 +24,8 @@ __all__ = [
     "InternalError",
     "MissingDependencyError",
     "PolicyError",
+    "ResumeError",
+    "ResumeMismatchError",
     "SlurmError",
     "SlurmJobError",
     "StoreError",
@@ -169,3 +171,18 @@ class DatasetIndexError(DaskrlError, IndexError):
 class InternalError(DaskrlError, RuntimeError):
     """daskrl broke one of its own invariants: a bug in daskrl, not in what it was given.
     Please report it with the message."""
+
+
+class ResumeError(ConfigError):
+    """A collection cannot be resumed as asked (``resume=``): the run named is not in the store,
+    another run resumed it already, or its record cannot be read."""
+
+
+class ResumeMismatchError(ResumeError):
+    """A setting of a resuming collector differs from the run it resumes (env, spaces,
+    ``frames_per_batch``, ...): the message and :attr:`field` name it."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        """The setting that differs (e.g. ``"frames_per_batch"``)."""

@@ -128,12 +128,17 @@ def run_collect(args: argparse.Namespace) -> int:
     except EnvError as e:  # made here, before any cluster: the env id or its kwargs are wrong
         raise ConfigError(str(e)) from e
     policy = make_policy(args.policy, obs_space, act_space)
-    _note_earlier_runs(args.store)
+    if config.resume is False:
+        _note_earlier_runs(args.store)
     d = deployment(args, workers=config.num_workers)
     try:
         with Collector(args.env, policy, args.store,
                        client=d.client if d is not None else None, config=config) as collector:
+            resumed = collector.resumed
+            if resumed is not None:
+                _note_resume(args.store, resumed, collector.run)
             with tqdm(total=config.total_frames, unit="frame",
+                      initial=resumed.frames if resumed is not None else 0,
                       disable=args.no_progress or args.json,
                       dynamic_ncols=True) as bar:
                 for handle in collector:
@@ -146,9 +151,11 @@ def run_collect(args: argparse.Namespace) -> int:
     finally:
         if d is not None:
             d.close()
+    resume = {"resumes": resumed.run if resumed is not None else None,
+              "resumed_frames": resumed.frames if resumed is not None else 0}
     if args.json:
         print(json.dumps(_plain({**s, "run": collector.run, "num_workers": n_workers,
-                                 "weights_transport": transport}), allow_nan=False))
+                                 "weights_transport": transport, **resume}), allow_nan=False))
         return 0
     mean = "n/a" if math.isnan(s["mean_return"]) else f"{s['mean_return']:.2f}"
     per_worker = ", ".join(f"{addr} {w['fps']:.0f} ({w['rollout_fps']:.0f} stepping)"
@@ -160,6 +167,8 @@ def run_collect(args: argparse.Namespace) -> int:
         f"weights to workers: {transport.replace('-', ' ')}\n"
         f"episodes finished: {s['episodes']}, mean return (last 100): {mean}\n"
         f"store: {s['store']}  (read it with daskrl.open_store({s['store']!r}))"
+        + (f"\nresumed run {resumed.run}: {resumed.frames} frames were committed before, "
+           f"{resumed.frames + s['frames']} in all" if resumed is not None else "")
     )
     return 0
 
@@ -178,6 +187,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _note_resume(store: str, resumed: Any, run: int) -> None:
+    """Say what a resumed collection continues, and what is left to collect (the collector
+    itself warns when nothing is left, or when the store has no run to resume)."""
+    if resumed.complete:
+        return
+    left = "until interrupted" if resumed.frames_left is None else f"{resumed.frames_left} more"
+    print(f"daskrl: note: resuming run {resumed.run} of the store {store!r} as run {run}: "
+          f"{resumed.frames} frames committed, collecting {left}.", file=sys.stderr)
+
+
 def _note_earlier_runs(store: str) -> None:
     """Say so when the store already holds runs: this collection adds one more."""
     from daskrl.store._store import TrajectoryStore
@@ -190,4 +209,4 @@ def _note_earlier_runs(store: str) -> None:
         print(f"daskrl: note: the store {store!r} already holds {len(runs)} run(s) "
               f"({', '.join(str(r) for r in sorted(runs))}); this collection adds run "
               f"{max(runs) + 1} (its batches stay apart by run; use a new store to start "
-              "afresh).", file=sys.stderr)
+              "afresh, or --resume to continue the latest run).", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 One flag per config field (except those marked ``metadata["flag"] == "by hand"``, whose flags
 the command defines itself, e.g. ``--env-var NAME=VALUE`` for ``env_vars``): its name from the field's (``--frames-per-batch``), its type and
-choices from the annotation (an enum's values, a ``Literal``'s members), its default from the
+choices from the annotation (an enum's values, a ``Literal``'s members; a ``bool | int``
+field is a switch with an optional number, ``--resume [RUN]``), its default from the
 field and its help from the field's ``metadata["help"]``. Nothing here repeats a default, so a
 new config field gets its flag, and a changed default reaches the command line, by itself.
 """
@@ -70,6 +71,10 @@ def _kwargs(f: dataclasses.Field[Any], annotation: Any, flag: str) -> dict[str, 
         type(None) in args)
     if optional:
         [annotation] = [a for a in args if a is not type(None)]
+    if set(args) == {bool, int}:  # a switch that may name a number: --resume [RUN]
+        return {"nargs": "?", "const": True, "default": default, "type": int,
+                "metavar": f.metadata.get("metavar", "N"),
+                "help": f"{help_text} (default: {'on' if default else 'off'})"}
     if annotation is bool:
         if default:
             return {"action": "store_false", "default": True,

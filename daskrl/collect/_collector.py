@@ -26,6 +26,7 @@ from daskrl.collect._lifecycle import (
     finalize,
     release,
 )
+from daskrl.collect._resume import Resume, plan_resume, run_settings
 from daskrl.collect._run import Run
 from daskrl.collect._startup import start_on_cluster
 from daskrl.config import CollectorConfig, CollectorOptions
@@ -96,6 +97,9 @@ class Collector:
         self.observation_space, self.action_space = checked.observation_space, checked.action_space
         module = checked.module
         self.run = -1  # the run number in the store: registered last, once started
+        self._settings = run_settings(checked.env_spec.label, checked.observation_space,
+                                      checked.action_space, cfg)
+        self._resume = plan_resume(self._store, cfg.resume, self._settings)  # before workers
         # 2. The cluster.
         own: LocalCluster | None = None
         if client is None:
@@ -130,7 +134,7 @@ class Collector:
             assert module is not None
             self._run, self.run = await start_on_cluster(
                 self.client, self.config, self.env_spec, self._policy_spec, module, self._store,
-                self._plugin_name, self._id, self._weights)
+                self._plugin_name, self._id, self._weights, self._settings, self._resume)
         except BaseException:
             await self._aclose()
             raise
@@ -207,6 +211,13 @@ class Collector:
     def num_streams(self) -> int:
         """Env streams collected in parallel (``num_workers``, or the cluster's workers)."""
         return self._running().num_streams
+
+    @property
+    def resumed(self) -> Resume | None:
+        """What this collector resumes (``resume=``): the run, the runs whose committed frames
+        count toward ``total_frames``, and those frames (counted as it started); None for a
+        new collection. ``run`` stays -1 when nothing was left to collect."""
+        return self._run.resume if self._run is not None else self._resume
 
     @property
     def store(self) -> TrajectoryStore:

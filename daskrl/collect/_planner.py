@@ -35,22 +35,25 @@ class Planner:
     """Frame budget, streams and batch ids of one run.
 
     ``first_id`` is the run's first batch id (ids are unique across a store's runs);
-    ``num_streams`` the number of env streams collected in parallel.
+    ``num_streams`` the number of env streams collected in parallel; ``done_frames`` the frames
+    of ``total_frames`` a resumed run finds committed already (they are not planned again, and
+    ``init_random_frames`` counts them).
     """
 
-    def __init__(self, config: CollectorConfig, first_id: int, num_streams: int) -> None:
+    def __init__(self, config: CollectorConfig, first_id: int, num_streams: int,
+                 done_frames: int = 0) -> None:
         if num_streams < 1:
             raise ConfigError(f"num_streams must be >= 1, got {num_streams}.")
         self.config = config
         self.first_id = first_id
         self.num_streams = num_streams
-        self._schedule: Iterator[int] = config.batch_frames()
+        self._schedule: Iterator[int] = config.batch_frames(done_frames)
         self._exhausted = False
         self._requeue: collections.deque[int] = collections.deque()
         self._next_index = 0
         self._next_stream = 0
         self._stream_last: dict[int, int] = {}
-        self.frames_planned = 0
+        self.frames_planned = done_frames
 
     def requeue(self, frames: int) -> None:
         """Collect ``frames`` again (a batch of them was dropped); they come first."""

@@ -15,6 +15,7 @@ from distributed import Client, Future, as_completed
 
 from daskrl.collect._handover import HandOver
 from daskrl.collect._planner import PlannedBatch, Planner
+from daskrl.collect._resume import Resume
 from daskrl.collect._supervisor import Supervisor, Workers
 from daskrl.config import CollectorConfig
 from daskrl.errors import UsageError
@@ -32,13 +33,17 @@ class Run:
 
     def __init__(self, client: Client, config: CollectorConfig, plugin_name: str,
                  key_prefix: str, first_id: int, workers: Workers,
-                 weights: WeightsPublisher, store: TrajectoryStore | None = None) -> None:
+                 weights: WeightsPublisher, store: TrajectoryStore | None = None,
+                 resume: Resume | None = None) -> None:
         num_streams = config.num_workers or len(workers.live)
         live = sorted(workers.live)
         self.config = config
         self.workers = workers
         self.weights = weights
-        self.planner = Planner(config, first_id, num_streams)
+        self.resume = resume
+        """What this run resumes (its committed frames are not planned again), or None."""
+        self.planner = Planner(config, first_id, num_streams,
+                               resume.frames if resume is not None else 0)
         self.handover = HandOver(config.max_policy_lag, store)
         self.supervisor = Supervisor(
             client, plugin_name, key_prefix, workers, weights,

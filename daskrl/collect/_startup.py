@@ -8,12 +8,17 @@ number is claimed last, so a start that fails uses up none.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from distributed import Client
 
 from daskrl.collect._checks import check_probe
+from daskrl.collect._resume import Resume, count_frames
 from daskrl.collect._run import Run
 from daskrl.collect._supervisor import Workers
 from daskrl.config import CollectorConfig
@@ -28,16 +33,21 @@ from daskrl.worker._tasks import probe_store
 
 __all__ = ["start_on_cluster"]
 
+logger = logging.getLogger(__name__)
+
 
 async def start_on_cluster(client: Client, cfg: CollectorConfig, env_spec: EnvSpec,
                            policy: PolicySpec, module: torch.nn.Module, store: TrajectoryStore,
                            plugin_name: str, key_prefix: str, weights: WeightsPublisher,
-                           ) -> tuple[Run, int]:
+                           settings: Mapping[str, Any] | None = None,
+                           resume: Resume | None = None) -> tuple[Run, int]:
     """Install the plugin on every worker, check them, and publish version 0 of ``module``;
-    return the started :class:`Run` and the run number claimed in ``store``."""
+    return the started :class:`Run` and the run number claimed in ``store`` (``settings``
+    go in its record). A ``resume``'s frames are counted again just before planning; when none
+    are left, no run is claimed (-1)."""
     await client.register_plugin(CollectorPlugin(
         plugin_name, env_spec, policy, cfg, cfg.device, cfg.env_vars or {}, store.url,
-        store.storage_options,
+        store.storage_options, resumed=resume is not None,
     ), name=plugin_name)
     await acheck_versions(client)  # same torch, gymnasium, zarr, daskrl... everywhere
     workers = Workers(client, cfg.call_timeout, [])
@@ -46,13 +56,28 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig, env_spec: EnvSp
                                    client.run(process_token, workers=live))
     weights.in_process = process_token() in tokens.values()
     first_id = store.next_run() * BATCH_IDS_PER_RUN
-    run = Run(client, cfg, plugin_name, key_prefix, first_id, workers, weights, store)
+    if resume is not None:  # what committed since the learner's first count counts too
+        resume = dataclasses.replace(resume, frames=count_frames(store, resume.chain))
+    run = Run(client, cfg, plugin_name, key_prefix, first_id, workers, weights, store,
+              resume=resume)
     await _probe_store(client, store, plugin_name, key_prefix, workers, live)
     # Every worker builds the policy, picks its device and loads version 0 now, so a bad
     # device, policy or weights path fails here rather than in the first batch.
     await run.publish(weights.take_snapshot(module), wait=True)
+    if resume is not None and resume.complete:
+        logger.warning(
+            "run %d of store %r has %d frames committed, total_frames=%s: nothing is left to "
+            "collect, and no run is added", resume.run, store.url, resume.frames,
+            resume.total_frames)
+        return run, -1
+    if resume is not None:
+        logger.info("resuming run %d of store %r: %d frames committed, %s to collect",
+                    resume.run, store.url, resume.frames,
+                    "no limit" if resume.frames_left is None else resume.frames_left)
     # Claim a run number, last: a start that fails uses up none.
-    number = store.register_run({"env": env_spec.label, **cfg.as_dict()})
+    if settings is None:
+        settings = {"env": env_spec.label, **cfg.as_dict()}
+    number = store.register_run(settings, resumes=resume.run if resume is not None else None)
     assert first_id == number * BATCH_IDS_PER_RUN
     return run, number
 

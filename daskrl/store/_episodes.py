@@ -66,9 +66,10 @@ def iter_episodes(
     complete_only
         Yield only complete episodes: every step from 0 on, ending with ``terminated`` or
         ``truncated``.  With False, the others come too, with ``complete=False``: episodes
-        cut without a flag (``reset_at_each_iter``, rebuilt envs, a missing later batch, or
-        still running at the newest batch) and episodes whose first or middle steps were
-        in deleted batches (``keep_last``, ``delete_batches``).
+        cut without a flag (``reset_at_each_iter``, rebuilt envs, a missing later batch, the
+        end of their run's batches: a crashed or resumed run, or still running at the newest
+        batch) and episodes whose first or middle steps were in deleted batches
+        (``keep_last``, ``delete_batches``).  No episode spans two runs.
     device
         Device of the yielded tensors.
     """
@@ -95,7 +96,16 @@ def iter_episodes(
         bids = tuple(dict.fromkeys(b for b, _ in pieces))
         return Episode(int(eid), data, bids, complete)
 
+    current_run = None
     for bid in store.batch_ids():
+        if run_of(bid) != current_run:
+            # No episode continues into another run (a resumed run starts its envs afresh):
+            # those still open when their run's batches end were cut there.
+            current_run = run_of(bid)
+            for i in sorted(open_eps):
+                ep = emit(i, False)
+                if not complete_only:
+                    yield ep
         try:
             batch = store.load(bid, keys=need)
         except BatchNotFoundError:

@@ -105,7 +105,7 @@ def check_commit_record(doc: dict[str, Any], batch_id: int, where: str) -> dict[
 
 def check_run_record(doc: dict[str, Any], run: int, where: str) -> dict[str, Any]:
     """The attributes of run record ``run``, checked: ``settings`` an object, ``run`` and
-    ``started`` numbers where present."""
+    ``started`` numbers where present, ``resumes`` (where present) an earlier run's number."""
     attrs = _attributes(doc, where)
     bad = []
     if not isinstance(attrs.get("settings", {}), dict):
@@ -115,6 +115,9 @@ def check_run_record(doc: dict[str, Any], run: int, where: str) -> dict[str, Any
     started = attrs.get("started", 0.0)
     if not _number(started) or not math.isfinite(started):
         bad.append("started")
+    resumes = attrs.get("resumes")  # the run this one continues: an earlier one
+    if resumes is not None and not (_int(resumes) and 0 <= resumes < run):
+        bad.append("resumes")
     if bad:
         raise StoreFormatError(f"{where}: field(s) {bad} have the wrong type or value")
     return attrs

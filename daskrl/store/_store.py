@@ -114,13 +114,14 @@ class TrajectoryStore:
             self.check_format()
 
     # -- writing (collectors and workers) ------------------------------------------------------
-    def register_run(self, settings: Mapping[str, Any]) -> int:
-        """Claim the next free run number (exclusive create) and record ``settings``.
+    def register_run(self, settings: Mapping[str, Any], *, resumes: int | None = None) -> int:
+        """Claim the next free run number (exclusive create) and record ``settings`` (and
+        ``resumes``: the run this one continues, see ``docs/integrations/resume.md``).
 
         A store numbers at most :data:`MAX_RUNS` runs (run ``r``'s batch ids start at
         ``r * BATCH_IDS_PER_RUN``, and episode ids ``batch_id * 2**24 + ...`` must fit 64 bits).
         """
-        return self._writer.register_run(settings)
+        return self._writer.register_run(settings, resumes)
 
     def next_run(self) -> int:
         """The run number :meth:`register_run` would claim now; raises :class:`StoreError` if
@@ -184,7 +185,8 @@ class TrajectoryStore:
         return self._index.records()
 
     def runs(self) -> dict[int, dict[str, Any]]:
-        """Run records by run number: ``{"run", "settings", "started", ...}``.
+        """Run records by run number: ``{"run", "settings", "started", ...}`` (and
+        ``"resumes"``: the run a resumed run continues).
 
         Records that cannot be read are skipped with a :class:`~daskrl.StoreRecordWarning`
         (listed by :meth:`skipped_records`)."""

@@ -45,12 +45,15 @@ class Writer:
         self.url = docs.url
 
     # -- runs ------------------------------------------------------------------------------
-    def register_run(self, settings: Mapping[str, Any]) -> int:
+    def register_run(self, settings: Mapping[str, Any], resumes: int | None = None) -> int:
         run = self.next_run()
         while True:
             self._check_run_number(run)
-            doc = group_doc({"run": run, "settings": dict(settings), "started": time.time(),
-                             "nonce": uuid.uuid4().hex})
+            attrs = {"run": run, "settings": dict(settings), "started": time.time(),
+                     "nonce": uuid.uuid4().hex}
+            if resumes is not None:
+                attrs["resumes"] = resumes
+            doc = group_doc(attrs)
             try:
                 created = self.docs.create_exclusive(run_key(run), doc)
             except StoreError:

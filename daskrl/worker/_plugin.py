@@ -45,8 +45,12 @@ class CollectorPlugin(WorkerPlugin):
         env_vars: Mapping[str, str],
         store_url: str,
         storage_options: Mapping[str, Any],
+        resumed: bool = False,
     ) -> None:
         self.name = name
+        self.resumed = resumed
+        """A resumed run (``resume=``): its streams' first envs seed as rebuilt envs do, from
+        the batch id, so that they do not replay the env streams of the run it resumes."""
         self.env = env
         self.policy_spec = policy
         self.config = config
@@ -87,7 +91,7 @@ class CollectorPlugin(WorkerPlugin):
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("name", "env", "policy_spec", "config", "device_setting", "env_vars",
-                "store_url", "storage_options", "worker_name", "worker_address")
+                "store_url", "storage_options", "worker_name", "worker_address", "resumed")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -131,14 +135,14 @@ class CollectorPlugin(WorkerPlugin):
 
         Envs left behind by a batch that is not the stream's previous one (the stream ran
         elsewhere meanwhile) are stale: they are replaced, seeded from this batch's id so that
-        no episode is repeated.
+        no episode is repeated (so are a resumed run's first envs).
         """
         envset = self.envsets.get(stream)
         if envset is not None and envset.last_batch_id != previous_batch_id:
             envset.close()
             envset = None
         if envset is None:
-            fresh = previous_batch_id is None and attempt == 0
+            fresh = previous_batch_id is None and attempt == 0 and not self.resumed
             restart = () if fresh else (batch_id, attempt)
             envset = EnvSet(self.env, self.config.envs_per_worker, self.config.seed, stream,
                             restart)
