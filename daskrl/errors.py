@@ -21,6 +21,7 @@ __all__ = [
     "DaskrlError",
     "DatasetIndexError",
     "EnvError",
+    "ExportExistsError",
     "InternalError",
     "MissingDependencyError",
     "PolicyError",
@@ -169,3 +170,8 @@ class DatasetIndexError(DaskrlError, IndexError):
 class InternalError(DaskrlError, RuntimeError):
     """daskrl broke one of its own invariants: a bug in daskrl, not in what it was given.
     Please report it with the message."""
+
+
+class ExportExistsError(DaskrlError, FileExistsError):
+    """The target of an export already exists (a Minari dataset of that id under that data
+    path); choose another name, or overwrite it (``overwrite=True``, ``--overwrite``)."""
