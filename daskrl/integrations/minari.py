@@ -135,9 +135,9 @@ def export_minari(
         A bad id, run, ``cut`` or env; stored arrays that do not fit the env's spaces; nothing
         to export.
     """
-    minari = _import_minari()
     if cut not in ("drop", "truncate"):
         raise ConfigError(f"cut must be 'drop' or 'truncate', got {cut!r}.")
+    minari = _import_minari()
     _check_dataset_id(dataset_id)
     st = store if isinstance(store, TrajectoryStore) else open_store(store, storage_options)
     settings = _select_runs(st, runs)
@@ -206,9 +206,10 @@ def _exists(dataset_id: str, target: Path) -> ExportExistsError:
 
 def _import_minari() -> Any:
     try:
-        import h5py  # noqa: F401  (Minari's default storage)
         import minari
         import minari.storage
+
+        importlib.import_module("h5py")  # Minari's default storage; after minari (above)
     except ImportError as e:
         raise MissingDependencyError(
             f"exporting a Minari dataset needs minari and h5py ({e}). Install them with: "
