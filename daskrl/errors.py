@@ -21,6 +21,7 @@ __all__ = [
     "DaskrlError",
     "DatasetIndexError",
     "EnvError",
+    "ExportExistsError",
     "InternalError",
     "MissingDependencyError",
     "PolicyError",
@@ -186,3 +187,8 @@ class ResumeMismatchError(ResumeError):
         super().__init__(message)
         self.field = field
         """The setting that differs (e.g. ``"frames_per_batch"``)."""
+
+
+class ExportExistsError(DaskrlError, FileExistsError):
+    """The target of an export already exists (a Minari dataset of that id under that data
+    path); choose another name, or overwrite it (``overwrite=True``, ``--overwrite``)."""

@@ -1,5 +1,6 @@
 """The ``daskrl`` command line: ``daskrl collect`` runs a collection on the embedded default;
-``daskrl info`` shows a cluster; ``daskrl inspect``, ``gc`` and ``prune`` look after a store.
+``daskrl info`` shows a cluster; ``daskrl inspect``, ``gc`` and ``prune`` look after a store;
+``daskrl export`` writes its episodes in another tool's format.
 
 This module owns the parser, the entry point, the one-line error report and the signal
 handling; each command lives in its own module."""
@@ -16,6 +17,7 @@ from typing import Any
 
 from daskrl.cli._collect import add_collect_command, run_collect
 from daskrl.cli._exit import EPILOG, INTERRUPTED, status_of
+from daskrl.cli._export import add_export_command, run_export
 from daskrl.cli._help import HelpFormatter
 from daskrl.cli._info import add_info_command, run_info
 from daskrl.cli._store import add_store_commands, run_store_command
@@ -26,7 +28,7 @@ __all__ = ["DESCRIPTION", "error_line", "main"]
 DESCRIPTION = ("Collect reinforcement-learning experience on Dask into a zarr store: "
                "'daskrl collect' runs a collection (on an embedded cluster unless told "
                "otherwise); 'daskrl info' shows a cluster; 'daskrl inspect', 'gc' and 'prune' "
-               "look after a store.")
+               "look after a store; 'daskrl export' writes its episodes as a Minari dataset.")
 """What ``daskrl --help`` says first, as plain text."""
 
 
@@ -41,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     add_collect_command(sub)
     add_info_command(sub)
     add_store_commands(sub)
+    add_export_command(sub)
     debug = "on an error, print the full error and its traceback (default: one line)"
     p.add_argument("--debug", action="store_true", help=debug)
     for command in sub.choices.values():  # also after the command: daskrl collect --debug
@@ -73,6 +76,8 @@ def _run(args: argparse.Namespace) -> int:
         return run_collect(args)
     if args.command == "info":
         return run_info(args)
+    if args.command == "export":
+        return run_export(args)
     code = run_store_command(args)
     return 1 if code is None else code
 

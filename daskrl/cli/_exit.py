@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import signal
 
-from daskrl.errors import ConfigError, MissingDependencyError, StoreURLError, VersionMismatchError
+from daskrl.errors import (
+    ConfigError,
+    ExportExistsError,
+    MissingDependencyError,
+    StoreURLError,
+    VersionMismatchError,
+)
 
 __all__ = ["CONFIG", "EPILOG", "INTERRUPTED", "OK", "RUNTIME", "TERMINATED", "USAGE",
            "status_of"]
@@ -29,7 +35,7 @@ TERMINATED = 128 + signal.SIGTERM
 """SIGTERM (``kill``, ``scancel``, a batch system ending the job): 143."""
 
 CONFIG_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError, StoreURLError, MissingDependencyError, VersionMismatchError)
+    ConfigError, StoreURLError, MissingDependencyError, VersionMismatchError, ExportExistsError)
 """Errors that say the command (or the environment it runs in) must change: rerun as it is,
 it fails again. Every other error is a runtime error."""
 
@@ -38,14 +44,15 @@ exit status:
   {OK}    success
   {RUNTIME}    runtime error: the command started and failed (an env or policy that raises \
 or misbehaves on a worker, a batch past its timeout, store reads or writes, access denied, a \
-store that is not there (yet) or is damaged, a cluster that cannot be reached or is lost, SLURM refusing or ending the worker jobs), or an \
+store that is not there (yet) or is damaged, a cluster that cannot be reached or is lost, \
+SLURM refusing or ending the worker jobs), or an \
 unexpected error (a bug: --debug shows it in full)
   {USAGE}    usage error: the command line does not parse (an unknown option, a missing or \
 malformed value)
   {CONFIG}    configuration error: a value or the setup it names is refused before anything \
 is collected (option values and combinations, the env id or its kwargs, the policy factory, \
 the store URL or its storage options, an optional extra not installed, workers with other \
-package versions); 'daskrl info' also exits {CONFIG} when a worker's versions differ or its \
+package versions, an export target that exists); 'daskrl info' also exits {CONFIG} when a worker's versions differ or its \
 device cannot be used
   {INTERRUPTED}  interrupted (Ctrl-C, SIGINT); committed batches stay in the store
   {TERMINATED}  terminated (SIGTERM: kill, scancel); committed batches stay in the store"""

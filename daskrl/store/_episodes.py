@@ -4,7 +4,7 @@ its batches), read in batch-id order holding only the open episodes' rows."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,6 +51,7 @@ def iter_episodes(
     *,
     complete_only: bool = True,
     device: torch.device | str | None = None,
+    only_runs: Collection[int] | None = None,
 ) -> Iterator[Episode]:
     """Yield whole episodes, reassembled across the batches they span.
 
@@ -72,6 +73,8 @@ def iter_episodes(
         (``keep_last``, ``delete_batches``).  No episode spans two runs.
     device
         Device of the yielded tensors.
+    only_runs
+        Read only these runs' batches (an episode never spans runs); None: all.
     """
     need = None if keys is None else list(dict.fromkeys([*keys, *_EPISODE_KEYS, "step"]))
     drop_step = keys is not None and "step" not in keys
@@ -106,6 +109,8 @@ def iter_episodes(
                 ep = emit(i, False)
                 if not complete_only:
                     yield ep
+        if only_runs is not None and run_of(bid) not in only_runs:
+            continue
         try:
             batch = store.load(bid, keys=need)
         except BatchNotFoundError:
