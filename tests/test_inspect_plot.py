@@ -134,3 +134,27 @@ def test_a_batch_whose_data_is_gone_is_left_out_and_said(two_runs, tmp_path):
            "hold their ends" in [
         t.get_text() for t in fig.axes[0].texts]
     assert plot_returns(daskrl.open_store(two_runs), tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_resumed_run_goes_on_from_the_frames_of_the_run_it_resumes(tmp_path, inproc_client):
+    url = str(tmp_path / "store")
+    settings = dict(client=inproc_client, env_kwargs={"length": 3}, envs_per_worker=E,
+                    frames_per_batch=E * T, total_frames=6 * E * T, num_workers=1)
+    with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, **settings) as c:
+        for i, _ in enumerate(c):
+            if i == 1:
+                break  # the learner stops part-way
+    with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, resume=True,
+                          **settings) as c:
+        list(c)
+        assert c.run == 1
+    store = daskrl.open_store(url)
+    curves = run_curves(store)
+    before = sum(r["frames"] for b, r in store.records().items() if run_of(b) == 0)
+    assert curves[0].resumes is None and curves[1].resumes == 0
+    # run 1's batches follow run 0's frames: one curve over the whole collection's frames
+    ranges = sorted(curves[1].batch_ranges.values())
+    assert ranges[0][0] == before and ranges[-1][1] == 6 * E * T
+    assert curves[1].end_frames.min() > before
+    labels = [t.get_text() for t in plot_figure(store).axes[0].get_legend().get_texts()]
+    assert any("run 1" in t and "resumes run 0" in t for t in labels), labels

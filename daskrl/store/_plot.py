@@ -2,7 +2,8 @@
 colour per run, over a panel of frames/s per worker (``daskrl inspect --plot PNG``).
 
 Frames are counted per run. An episode's **end frame** is the number of frames its run had
-collected when it ended: the frames of the run's batches with lower ids, plus ``(t + 1) * E``
+collected when it ended: the frames of the run's batches with lower ids (a resumed run starts
+where the run it resumes ended, so a collection resumed after a crash reads as one curve), plus ``(t + 1) * E``
 for an episode that ended at step ``t`` of its batch of ``E`` envs (the envs of a batch step
 together, so step ``t`` completes ``(t + 1) * E`` of the batch's frames). A batch whose first
 frame is ``F`` places its episodes in ``(F, F + T * E]``. Batches count in id order, the order
@@ -45,6 +46,8 @@ class RunCurve:
     """What the plot shows of one run (see the module docstring for how frames count)."""
 
     run: int
+    resumes: int | None
+    """The run this one resumes (its frames go on from that run's), or None."""
     env: str | None
     """The env of the run's record (None if the record cannot be read)."""
     end_frames: np.ndarray
@@ -102,8 +105,13 @@ def run_curves(store: TrajectoryStore) -> dict[int, RunCurve]:
     acc: dict[int, dict[str, Any]] = {}
     for bid in bids:  # ascending ids: the run's frames so far
         rec = records[bid]
-        a = acc.setdefault(run_of(bid), {"frames": 0, "x": [], "y": [], "ranges": {},
-                                         "fps": {}, "unplaced": 0})
+        run = run_of(bid)
+        if run not in acc:  # a resumed run goes on from its earlier run's frames
+            resumes = (runs.get(run) or {}).get("resumes")
+            start = acc[resumes]["frames"] if resumes in acc else 0
+            acc[run] = {"frames": start, "x": [], "y": [], "ranges": {}, "fps": {},
+                        "unplaced": 0}
+        a = acc[run]
         first, frames = a["frames"], int(rec["frames"])
         n_envs = int(rec.get("shape", [0, 0])[1]) or 1
         a["ranges"][bid] = (first, first + frames)
@@ -126,7 +134,7 @@ def run_curves(store: TrajectoryStore) -> dict[int, RunCurve]:
         order = np.argsort(x, kind="stable")
         settings = (runs.get(run) or {}).get("settings") or {}
         out[run] = RunCurve(
-            run=run, env=settings.get("env"), end_frames=x[order],
+            run=run, resumes=(runs.get(run) or {}).get("resumes"), env=settings.get("env"), end_frames=x[order],
             returns=np.asarray(a["y"], np.float64)[order], batch_ranges=a["ranges"],
             worker_fps={w: (np.asarray(xs, np.int64), np.asarray(ys, np.float64))
                         for w, (xs, ys) in sorted(a["fps"].items())},
@@ -170,7 +178,8 @@ def plot_figure(store: TrajectoryStore, title: str | None = None) -> Figure:
     colours = _colours(len(curves))
     fps_lines = sum(len(c.worker_fps) for c in curves)
     for c, colour in zip(curves, colours):
-        name = f"run {c.run}" + (f" ({c.env})" if c.env else "")
+        name = (f"run {c.run}" + (f" ({c.env})" if c.env else "")
+                + (f", resumes run {c.resumes}" if c.resumes is not None else ""))
         ax.scatter(c.end_frames, c.returns, s=8, alpha=0.3, color=colour, linewidths=0,
                    gid=f"episodes-run-{c.run}")
         if c.returns.size:
