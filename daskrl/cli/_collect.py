@@ -13,7 +13,8 @@ from typing import Any
 
 from daskrl.cli._options import add_config_options, config_from_args
 from daskrl.cli._store import json_object
-from daskrl.cli._target import add_cluster_args, deployment
+from daskrl.cli._target import add_cluster_args, deployment, print_dashboard_link
+from daskrl.deploy._cluster import dashboard_link, require_bokeh
 from daskrl.errors import ConfigError
 
 __all__ = ["add_collect_command", "run_collect"]
@@ -45,7 +46,7 @@ def add_collect_command(sub: Any) -> None:
                    help="print the collector's summary as one JSON object instead of text "
                         "(and no progress bar)")
     add_config_options(c)
-    add_cluster_args(c)
+    add_cluster_args(c, dashboard=True)
 
 
 def _load_object(spec: str) -> Any:
@@ -110,13 +111,18 @@ def run_collect(args: argparse.Namespace) -> int:
     config = config_from_args(  # bad values fail before the env is made
         args, device=args.device, env_kwargs=args.env_kwargs, env_vars=dict(args.env_var),
         shared_memory=args.shared_memory)
+    if args.dashboard is not None:
+        require_bokeh()  # before the env is made
     obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
     policy = make_policy(args.policy, obs_space, act_space)
     _note_earlier_runs(args.store)
     d = deployment(args, workers=config.num_workers)
     try:
         with Collector(args.env, policy, args.store,
-                       client=d.client if d is not None else None, config=config) as collector:
+                       client=d.client if d is not None else None, config=config,
+                       dashboard=args.dashboard if d is None else None) as collector:
+            print_dashboard_link(collector.dashboard_link
+                                 or (dashboard_link(d.cluster) if d is not None else None))
             with tqdm(total=config.total_frames, unit="frame",
                       disable=args.no_progress or args.json,
                       dynamic_ncols=True) as bar:
