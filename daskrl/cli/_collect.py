@@ -13,7 +13,8 @@ from typing import Any
 
 from daskrl.cli._options import add_config_options, config_from_args
 from daskrl.cli._store import json_object
-from daskrl.cli._target import add_cluster_args, deployment
+from daskrl.cli._target import add_cluster_args, deployment, print_dashboard_link
+from daskrl.deploy._cluster import dashboard_link, require_bokeh
 from daskrl.errors import ConfigError, EnvError
 
 __all__ = ["add_collect_command", "run_collect"]
@@ -58,7 +59,7 @@ def add_collect_command(sub: Any) -> None:
                    help="print the collector's summary as one JSON object instead of text "
                         "(and no progress bar)")
     add_config_options(c)
-    add_cluster_args(c)
+    add_cluster_args(c, dashboard=True)
 
 
 def _load_object(spec: str) -> Any:
@@ -123,6 +124,8 @@ def run_collect(args: argparse.Namespace) -> int:
     config = config_from_args(  # bad values fail before the env is made
         args, device=args.device, env_kwargs=args.env_kwargs, env_vars=dict(args.env_var),
         shared_memory=args.shared_memory)
+    if args.dashboard is not None:
+        require_bokeh()  # before the env is made
     try:
         obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
     except EnvError as e:  # made here, before any cluster: the env id or its kwargs are wrong
@@ -133,7 +136,10 @@ def run_collect(args: argparse.Namespace) -> int:
     d = deployment(args, workers=config.num_workers)
     try:
         with Collector(args.env, policy, args.store,
-                       client=d.client if d is not None else None, config=config) as collector:
+                       client=d.client if d is not None else None, config=config,
+                       dashboard=args.dashboard if d is None else None) as collector:
+            print_dashboard_link(collector.dashboard_link
+                                 or (dashboard_link(d.cluster) if d is not None else None))
             resumed = collector.resumed
             if resumed is not None:
                 _note_resume(args.store, resumed, collector.run)

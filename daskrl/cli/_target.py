@@ -9,10 +9,11 @@ import sys
 from typing import Any
 
 from daskrl.deploy import Deployment, connect, tls_security
+from daskrl.deploy._cluster import DASHBOARD_PORT
 from daskrl.deploy._slurm import option_name
 from daskrl.errors import ConfigError
 
-__all__ = ["SLURM_QUEUE_WAIT_S", "add_cluster_args", "deployment"]
+__all__ = ["SLURM_QUEUE_WAIT_S", "add_cluster_args", "deployment", "print_dashboard_link"]
 
 SLURM_QUEUE_WAIT_S = 3600
 """``--cluster slurm``: how long to wait for the first worker's job to start (a job that ends
@@ -34,8 +35,20 @@ def _jobqueue_option(text: str) -> tuple[str, Any]:
                                          f"YAML: {e}") from e
 
 
-def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """Add the flags that say which cluster a command runs on."""
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"--dashboard takes a port 0-65535 (0: any free "
+                                         f"port), got {text!r}")
+    return port
+
+
+def add_cluster_args(p: argparse.ArgumentParser, *, dashboard: bool = False) -> None:
+    """Add the flags that say which cluster a command runs on (``dashboard``: and
+    ``--dashboard [PORT]`` for the embedded cluster's)."""
     g = p.add_argument_group("cluster (default: an embedded LocalCluster on this machine)")
     where = g.add_mutually_exclusive_group()
     where.add_argument("--scheduler", default=None, metavar="ADDRESS",
@@ -60,6 +73,13 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-shared-memory", dest="shared_memory", action="store_false",
                    help="send weights through Dask even to workers on this machine "
                         "(default: one shared-memory copy for them)")
+    if dashboard:
+        g.add_argument("--dashboard", nargs="?", const=True, default=None, type=_port,
+                       metavar="PORT",
+                       help="serve the embedded cluster's Dask dashboard on 127.0.0.1 (port "
+                            f"{DASHBOARD_PORT} or the next free one; PORT, 0 for any free "
+                            "one) and print its link to stderr; needs daskrl[dashboard] "
+                            "(default: no dashboard, no HTTP server)")
     g.add_argument("--tls-ca-file", default=None, metavar="PEM",
                    help="CA certificate of a TLS cluster (tls:// addresses), with --tls-cert")
     g.add_argument("--tls-cert", default=None, metavar="PEM",
@@ -80,6 +100,13 @@ def deployment(args: argparse.Namespace, workers: int | None = None) -> Deployme
     if (args.jobqueue_config or args.jobqueue_option) and args.cluster != "slurm":
         raise ConfigError("--jobqueue-config and --jobqueue-option apply to --cluster slurm "
                           "only.")
+    dashboard = getattr(args, "dashboard", None)
+    if dashboard is not None and (args.scheduler or args.scheduler_file
+                                  or args.cluster == "slurm"):
+        raise ConfigError("--dashboard applies to the embedded cluster only: a running or "
+                          "SLURM cluster serves its dashboard where its own configuration "
+                          "says (dask scheduler --dashboard-address, jobqueue "
+                          "scheduler-options).")
     if args.scheduler or args.scheduler_file:
         return connect(args.scheduler or "", scheduler_file=args.scheduler_file,
                        security=security)
@@ -87,7 +114,14 @@ def deployment(args: argparse.Namespace, workers: int | None = None) -> Deployme
         return _slurm(args, workers, security)
     if args.command == "collect" and security is None:
         return None
-    return connect("local", workers=workers, security=security)
+    options = {"dashboard": dashboard} if dashboard is not None else {}
+    return connect("local", workers=workers, security=security, **options)
+
+
+def print_dashboard_link(link: str | None) -> None:
+    """Say where the embedded cluster's dashboard is (on stderr: stdout may be JSON)."""
+    if link:
+        print(f"dashboard: {link}", file=sys.stderr, flush=True)
 
 
 def _slurm(args: argparse.Namespace, workers: int | None, security: Any) -> Deployment:

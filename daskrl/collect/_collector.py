@@ -30,7 +30,7 @@ from daskrl.collect._resume import Resume, plan_resume, run_settings
 from daskrl.collect._run import Run
 from daskrl.collect._startup import start_on_cluster
 from daskrl.config import CollectorConfig, CollectorOptions
-from daskrl.deploy._cluster import local_cluster
+from daskrl.deploy._cluster import dashboard_link, local_cluster
 from daskrl.errors import CollectorClosedError, UsageError
 from daskrl.store._handles import BatchHandle
 from daskrl.store._store import TrajectoryStore
@@ -63,6 +63,11 @@ class Collector:
     client
         A ``distributed.Client``; ``None`` starts an embedded ``LocalCluster`` sized to this
         machine, closed with the collector.
+    dashboard
+        The embedded cluster's Dask dashboard, on ``127.0.0.1`` only: ``True`` (port 8787, or
+        the next free one), a port (``0``: any free one), or ``None``/``False`` (default: no
+        dashboard, no HTTP server at all). Needs ``daskrl[dashboard]`` (bokeh). Its link is
+        :attr:`dashboard_link`. Not valid with ``client``: that cluster has its own.
     config, **options
         The options, each a field of :class:`~daskrl.config.CollectorConfig` (where their
         defaults and documentation live): a ``config``, and/or keyword options (which
@@ -84,6 +89,7 @@ class Collector:
     def __init__(self, env: EnvLike, policy: PolicyLike, store: str, *,
                  storage_options: Mapping[str, Any] | None = None, client: Client | None = None,
                  config: CollectorConfig | None = None,
+                 dashboard: bool | int | None = None,
                  **options: Unpack[CollectorOptions]) -> None:
         self.state = State.CREATED
         self._run: Run | None = None
@@ -102,12 +108,18 @@ class Collector:
         self._resume = plan_resume(self._store, cfg.resume, self._settings)  # before workers
         # 2. The cluster.
         own: LocalCluster | None = None
+        if client is not None and (dashboard is not None and dashboard is not False):
+            raise UsageError("dashboard= configures the embedded cluster (client=None); the "
+                             "given client's cluster serves its own: see client.dashboard_link.")
         if client is None:
-            own = local_cluster(cfg.num_workers,
+            own = local_cluster(cfg.num_workers, dashboard=dashboard,
                                 processes=not self._store.url.startswith("memory://"))
             client = Client(own, set_as_default=False)
         elif not isinstance(client, Client):
             raise UsageError(f"client must be a distributed.Client or None, got {client!r}.")
+        self.dashboard_link: str | None = dashboard_link(own) if own is not None else None
+        """Link to the embedded cluster's dashboard (``http://127.0.0.1:PORT/status``) when
+        ``dashboard`` asked for one; None otherwise."""
         self.client: Client = client
         self._asynchronous = bool(client.asynchronous)
         self._id = uuid.uuid4().hex[:10]

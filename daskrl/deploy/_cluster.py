@@ -9,8 +9,10 @@ with temporary credentials held by this process only, unless told otherwise:
 Dask's scheduler and every worker also serve plain, unauthenticated HTTP (the scheduler's
 ``/info`` pages with worker logs, the workers' ``/metrics`` and ``/health``) even without a
 dashboard. The embedded cluster closes those servers unless a dashboard is asked for
-(``dashboard_address=``, ``worker_dashboard_address=``): only the TLS comm ports of the
-scheduler, the nannies and the workers listen (see ``docs/security.md``).
+(``dashboard=True`` or a port: the scheduler's, on ``127.0.0.1``; ``dashboard_address=``,
+``worker_dashboard_address=`` for any address): only the TLS comm ports of the scheduler, the
+nannies and the workers listen (see ``docs/security.md``). The dashboard needs bokeh
+(``daskrl[dashboard]``).
 """
 
 from __future__ import annotations
@@ -22,9 +24,15 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
-from daskrl.errors import MissingDependencyError
+from daskrl.errors import ConfigError, MissingDependencyError
 
-__all__ = ["WORKER_CONFIG", "dask_setup", "local_cluster"]
+__all__ = ["DASHBOARD_PORT", "WORKER_CONFIG", "dashboard_link", "dask_setup", "local_cluster",
+           "require_bokeh"]
+
+logger = logging.getLogger(__name__)
+
+DASHBOARD_PORT = 8787
+"""Port of ``dashboard=True`` (Dask's own default); the next free one when it is taken."""
 
 WORKER_CONFIG: dict[str, Any] = {
     # The statistical profiler samples every task thread's stack each 10 ms, and the event
@@ -62,9 +70,50 @@ def _closed_http_config(scheduler: bool, workers: bool) -> dict[str, Any]:
     return config
 
 
+def _dashboard_address(dashboard: bool | int | None) -> str | None:
+    """The loopback address ``dashboard`` asks for: ``True`` :data:`DASHBOARD_PORT`, a port
+    (``0``: any free one), ``False``/``None`` none; raises :class:`~daskrl.ConfigError` for
+    anything else."""
+    if dashboard is None or dashboard is False:
+        return None
+    port = DASHBOARD_PORT if dashboard is True else dashboard
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"dashboard must be True, False or a port 0-65535 (0: any free "
+                          f"port), got {dashboard!r}.")
+    return f"127.0.0.1:{port}"
+
+
+def require_bokeh() -> None:
+    """Raise :class:`~daskrl.MissingDependencyError` unless Dask can serve its dashboard
+    (bokeh installed, in a version Dask accepts)."""
+    try:
+        import distributed.dashboard.scheduler  # noqa: F401  (imports bokeh, checks its version)
+    except ImportError as e:
+        raise MissingDependencyError(
+            f"the Dask dashboard needs bokeh ({e}): pip install \"daskrl[dashboard]\" (or "
+            "collect without the dashboard)."
+        ) from e
+
+
+def dashboard_link(cluster: Any) -> str | None:
+    """The link to the dashboard ``cluster`` serves, at the address its HTTP server is bound to
+    (``http://127.0.0.1:PORT/status``, or as the dask config key ``distributed.dashboard.link``
+    formats it); None when it serves none."""
+    from distributed.utils import format_dashboard_link
+
+    scheduler = getattr(cluster, "scheduler", None)
+    server = getattr(scheduler, "services", {}).get("dashboard")
+    if server is None:
+        return None
+    host = getattr(server, "address", None)
+    if host in (None, "", "0.0.0.0", "::"):  # every interface: distributed names a host
+        return str(cluster.dashboard_link) or None
+    return str(format_dashboard_link(f"[{host}]" if ":" in host else host, server.port))
+
+
 def local_cluster(n_workers: int | None = None, *, processes: bool = True,
-                  tls: bool | None = None, dashboard_address: str | None = None,
-                  **kwargs: Any) -> LocalCluster:
+                  tls: bool | None = None, dashboard: bool | int | None = None,
+                  dashboard_address: str | None = None, **kwargs: Any) -> LocalCluster:
     """A ``LocalCluster`` of ``n_workers`` one-thread workers (default: one per core).
 
     Workers are spawn-started processes (``processes=True``), which is safe on macOS and
@@ -75,11 +124,21 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
     connect. Dask's own log records below the dask config key
     ``daskrl.embedded-cluster.log-level`` (default ``"warning"``) are dropped in every process
     of the cluster. Only the comm ports listen: the scheduler's and workers' HTTP servers are closed,
-    unless ``dashboard_address`` (e.g. ``"127.0.0.1:8787"``) asks for the scheduler's
-    dashboard, or ``worker_dashboard_address`` for the workers'. Dashboards are plain HTTP
-    without authentication: anyone who can reach the address can read them (see
-    ``docs/security.md``). ``kwargs`` go to ``LocalCluster``.
+    unless ``dashboard`` asks for the scheduler's dashboard on ``127.0.0.1`` (``True``: port
+    8787, or the next free one; a port; ``0``: any free port), or ``dashboard_address`` at any
+    address (e.g. ``"127.0.0.1:8787"``), or ``worker_dashboard_address`` for the workers'. The
+    dashboard needs bokeh (:class:`~daskrl.MissingDependencyError` otherwise); its link is
+    ``cluster.dashboard_link`` (``""`` without one), also logged at INFO by
+    ``daskrl.deploy._cluster``. Dashboards are plain HTTP without authentication: anyone who
+    can reach the address can read them (see ``docs/security.md``). ``kwargs`` go to
+    ``LocalCluster``.
     """
+    if (dashboard is not None and dashboard is not False) and dashboard_address is not None:
+        raise ConfigError(f"pass dashboard= or dashboard_address=, not both (got {dashboard!r} "
+                          f"and {dashboard_address!r}).")
+    dashboard_address = dashboard_address or _dashboard_address(dashboard)
+    if dashboard_address is not None:
+        require_bokeh()
     n = n_workers or max(1, os.cpu_count() or 1)
     level = str(dask.config.get("daskrl.embedded-cluster.log-level", "warning")).upper()
     options: dict[str, Any] = {"threads_per_worker": 1, "dashboard_address": dashboard_address,
@@ -110,4 +169,8 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
               **_closed_http_config(no_dashboard, kwargs.get("worker_dashboard_address") is None)}
     options.update(kwargs)
     with dask.config.set(config):
-        return LocalCluster(n_workers=n, processes=processes, **options)
+        cluster = LocalCluster(n_workers=n, processes=processes, **options)
+    link = dashboard_link(cluster)
+    if link:
+        logger.info("the embedded cluster's dashboard: %s", link)
+    return cluster

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from daskrl.errors import BatchDataMissingError, BatchNotFoundError, ConfigError, StoreError
+from daskrl.errors import (
+    BatchDataMissingError,
+    BatchNotFoundError,
+    ConfigError,
+    StoreError,
+    StoreFormatError,
+)
 
 if TYPE_CHECKING:
     import dask.array
@@ -15,9 +21,17 @@ if TYPE_CHECKING:
     from daskrl.store._reading import Reader
     from daskrl.store._store import TrajectoryStore
 
-__all__ = ["to_dask"]
+__all__ = ["ViewBatch", "dask_view", "to_dask"]
 
 _LAYOUTS = ("frames", "time", "env")
+
+
+class ViewBatch(NamedTuple):
+    """A batch in a dask view: its id, ``(T, E)`` and weights version."""
+
+    batch_id: int
+    shape: tuple[int, int]
+    weights_version: int
 
 
 def to_dask(
@@ -45,14 +59,28 @@ def to_dask(
 
     Every array's metadata is checked against the allowlist before zarr opens it.
     """
+    return dask_view(store, reader, keys, layout=layout, batch_ids=batch_ids)[0]
+
+
+def dask_view(
+    store: TrajectoryStore,
+    reader: Reader,
+    keys: Sequence[str] | None = None,
+    *,
+    layout: str = "frames",
+    batch_ids: Sequence[int] | None = None,
+) -> tuple[dict[str, dask.array.Array], list[ViewBatch]]:
+    """:func:`to_dask`'s arrays, and the :class:`ViewBatch` of each batch in them, in order (a
+    batch deleted since it was listed is in neither)."""
     import dask
     import dask.array as da
 
     if layout not in _LAYOUTS:
         raise ConfigError(f"layout must be one of {_LAYOUTS}, got {layout!r}.")
     ids = list(batch_ids) if batch_ids is not None else store.batch_ids()
+    included: list[ViewBatch] = []
     if not ids:
-        return {}
+        return {}, included
     recs = store.records()
     missing = [b for b in ids if b not in recs]
     if missing:
@@ -70,6 +98,9 @@ def to_dask(
             if reader.index.still_committed(bid, path):
                 raise reader.index.data_missing(bid, path) from None
             continue  # deleted (pruned) since it was listed: not part of the view
+        if layouts:
+            included.append(ViewBatch(bid, _batch_shape(bid, path, store.url, layouts),
+                                      int(recs[bid]["weights_version"])))
         for name, lay in layouts.items():
             arr = da.from_delayed(load(store, path, name), shape=lay.shape, dtype=lay.dtype)
             if layout == "frames":
@@ -86,7 +117,17 @@ def to_dask(
                 f"cannot concatenate {name!r} along {layout!r}: batch shapes {shapes} differ "
                 f"off that axis ({e}). Use layout='frames', which fits any shapes."
             ) from e
-    return out
+    return out, included
+
+
+def _batch_shape(bid: int, path: str, url: str, layouts: dict[str, Any]) -> tuple[int, int]:
+    """``(T, E)`` of a batch, which every one of its arrays ``[T, E, ...]`` must share."""
+    shapes = {name: tuple(lay.shape[:2]) for name, lay in layouts.items()}
+    if len(set(shapes.values())) != 1 or any(len(s) < 2 for s in shapes.values()):
+        raise StoreFormatError(f"batch {bid} ({path!r}) of store {url!r}: its arrays are not "
+                               f"all [T, E, ...] with one T and E (leading shapes {shapes}).")
+    t, e = next(iter(shapes.values()))
+    return t, e
 
 
 def _load_array(store: TrajectoryStore, path: str, name: str) -> np.ndarray:

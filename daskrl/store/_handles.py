@@ -18,6 +18,7 @@ import torch
 from daskrl.errors import StoreOptionsRequiredError, UsageError
 
 if TYPE_CHECKING:
+    import xarray
     from tensordict import TensorDict
 
     from daskrl.store._store import TrajectoryStore
@@ -149,6 +150,36 @@ class BatchHandle:
                 ".load(handle) (or pass handle.load(storage_options=...))."
             )
         return TrajectoryStore(self.store, storage_options).load(self, device, keys)
+
+    def to_xarray(self, keys: Sequence[str] | None = None, *,
+                  store: TrajectoryStore | None = None,
+                  storage_options: Mapping[str, Any] | None = None) -> xarray.Dataset:
+        """The batch as a lazy ``xarray.Dataset`` backed by dask (needs ``daskrl[xarray]``):
+        each array a variable with dimensions ``(time, env, <array>_0, ...)``, read through
+        daskrl's checked reader when computed; attributes ``batch_id``, ``weights_version``,
+        ``worker``, ``device``.  ``store`` and ``storage_options``: as for :meth:`load`."""
+        from daskrl.store._store import TrajectoryStore
+        from daskrl.store._url import normalize_url
+
+        if store is None and storage_options is None:
+            store = self._store_object
+        if store is None:
+            if storage_options is None and self.needs_options:
+                raise StoreOptionsRequiredError(
+                    f"batch {self.batch_id} is in the store {self.store!r}, which needs "
+                    "storage_options, and a handle carries none: pass store= (e.g. "
+                    "collector.store) or storage_options=.")
+            store = TrajectoryStore(self.store, storage_options)
+        elif storage_options is not None:
+            raise UsageError("pass store= or storage_options=, not both: the store object "
+                             "has its own storage_options.")
+        if normalize_url(self.store) != store.url:
+            raise UsageError(f"the handle of batch {self.batch_id} belongs to the store "
+                             f"{self.store!r}, not to {store.url!r}.")
+        ds = store.to_xarray(keys, layout="time", batch_ids=[self.batch_id])
+        ds.attrs.update(batch_id=self.batch_id, weights_version=self.weights_version,
+                        worker=self.worker, device=self.device)
+        return ds
 
     def record(self) -> dict[str, Any]:
         """Plain-JSON metadata, as stored in the batch's commit record."""

@@ -1,4 +1,4 @@
-"""Every name and path inside a store (format 2.0, see ``docs/store-format.md``), in one place.
+"""Every name and path inside a store (format 2.x, see ``docs/store-format.md``), in one place.
 
 ::
 
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 FORMAT_NAME = "daskrl.trajectories"
-FORMAT_VERSION = "2.0"
+FORMAT_VERSION = "2.1"
 READ_MAJORS = (2,)
 """Major format versions this daskrl reads; it writes only :data:`FORMAT_VERSION`'s."""
 BATCH_IDS_PER_RUN = 1_000_000_000

@@ -82,8 +82,9 @@ def check_root(docs: Documents) -> None:
         raise StoreFormatError(
             f"store {url!r} has format version {info.get('format_version')!r} (a group "
             "directory per batch, a development format that was never released): it is "
-            f"unsupported; this daskrl reads only version {FORMAT_VERSION}. Collect the data "
-            "again with this daskrl."
+            f"unsupported; this daskrl reads only versions "
+            f"{' and '.join(f'{m}.x' for m in READ_MAJORS)} (it writes {FORMAT_VERSION}). "
+            "Collect the data again with this daskrl."
         )
     if major not in {str(m) for m in READ_MAJORS}:
         raise StoreFormatError(

@@ -39,6 +39,7 @@ from daskrl.store._writing import Writer
 
 if TYPE_CHECKING:
     import dask.array
+    import xarray
 
 __all__ = ["BATCH_IDS_PER_RUN", "FORMAT_NAME", "FORMAT_VERSION", "MAX_RUNS", "TrajectoryStore",
            "VersionFilter", "check_store_options", "normalize_url", "open_store"]
@@ -300,6 +301,15 @@ class TrajectoryStore:
         from daskrl.store._dask_view import to_dask
 
         return to_dask(self, self._reader, keys, layout=layout, batch_ids=batch_ids)
+
+    def to_xarray(self, keys: Sequence[str] | None = None, *, layout: str = "frames",
+                  batch_ids: Sequence[int] | None = None) -> xarray.Dataset:
+        """The store as one lazy ``xarray.Dataset`` backed by dask (needs ``daskrl[xarray]``):
+        :meth:`to_dask`'s arrays with named dimensions and ``batch_id``/``weights_version``
+        coordinates (see :func:`daskrl.store._xarray_view.to_xarray`)."""
+        from daskrl.store._xarray_view import to_xarray
+
+        return to_xarray(self, self._reader, keys, layout=layout, batch_ids=batch_ids)
 
     # -- housekeeping --------------------------------------------------------------------------
     def attempt_sizes(self) -> dict[str, tuple[int, float]]:

@@ -1,9 +1,11 @@
 """The bytes on disk do not change: containers written now are those daskrl wrote before the
 format code was restructured (issue 13), and the reader's boundary works over any byte source.
 
-The digests were computed with the code of the ``move`` branch (before the restructuring); they
-depend on numcodecs' zstd and blosc output, which a numcodecs upgrade may change (then check
-the new bytes with the zarr-python test of ``test_zip_container.py`` and update them).
+The digests were computed with the code of the ``move`` branch (before the restructuring), then
+again for format 2.1 (issue 16), whose containers differ from 2.0's only in the arrays'
+``dimension_names`` (every member compared, the 2.0 digests reproduced first); they depend on
+numcodecs' zstd and blosc output, which a numcodecs upgrade may change (then check the new
+bytes with the zarr-python test of ``test_zip_container.py`` and update them).
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from daskrl.store._format import (
 from daskrl.store._format.read import plan_reads
 
 BEFORE = {
-    "zstd": (9260, "589c22af55875adb62369a1025f46dfcbce4b109523cc6f3e6934a46085fb216"),
-    "lz4": (9967, "ad9fe577c0063c2356d6dbdf3fbf561664b3d998b3fdf3f804153b8d522246cc"),
-    "none": (8670, "8a4b75cbf9a66748147cb41834e7161e7a89e57cc1e421ca2fda912b2d103133"),
+    "zstd": (9283, "aa83648e3489ea519d2bb10547bc0af5ceb9a8b249f12a36eea57b8a91078254"),
+    "lz4": (9990, "72ab98d48d42de8353661c6fae70fb8488964c2ab9a490f54026b8a5edc976fc"),
+    "none": (8693, "f982cef5e2e21e2201c0d92dd7db298c54f6333e950bd8e1d6235ebfb2f2df17"),
 }
 
 

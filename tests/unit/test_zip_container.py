@@ -67,7 +67,7 @@ def test_members_are_byte_identical_to_zarr_python(tmp_path, compression):
         ref = zarr.create_array(ref_store, name=name, shape=a.shape, dtype=a.dtype,
                                 chunks=(zarr_encode.chunk_rows(a, 4096), *a.shape[1:]),
                                 compressors=[*c, zarr.codecs.Crc32cCodec()], fill_value=0,
-                                dimension_names=("time", "env", *[None] * (a.ndim - 2)),
+                                dimension_names=zarr_encode.dimension_names(name, a.ndim),
                                 config={"write_empty_chunks": True})
         ref[...] = a
 

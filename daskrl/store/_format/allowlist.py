@@ -2,11 +2,12 @@
 
 A store may come from anywhere, so an array's metadata is checked before any of its data is
 read: zarr format 3, a numeric or bool ``data_type``, a regular chunk grid with the default key
-encoding, and the codec chain ``bytes`` -> at most one of ``zstd``, ``blosc``, ``gzip`` ->
-optionally ``crc32c``.  Nothing else is interpreted (no pickle, no object, string or structured
-dtypes, no unknown codecs or extensions), so opening an untrusted store cannot run code; a
-refusal is a :class:`~daskrl.StoreFormatError` naming the batch and array.  What passes becomes
-an :class:`ArrayLayout`, all that the decoder (:mod:`.chunks`) and the planner need.
+encoding, one null or distinct printable dimension name per dimension, and the codec chain
+``bytes`` -> at most one of ``zstd``, ``blosc``, ``gzip`` -> optionally ``crc32c``.  Nothing
+else is interpreted (no pickle, no object, string or structured dtypes, no unknown codecs or
+extensions), so opening an untrusted store cannot run code; a refusal is a
+:class:`~daskrl.StoreFormatError` naming the batch and array.  What passes becomes an
+:class:`ArrayLayout`, all that the decoder (:mod:`.chunks`) and the planner need.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import numpy as np
 
 from daskrl.errors import StoreFormatError
 
-__all__ = ["ALLOWED_CODECS", "ALLOWED_DATA_TYPES", "MAX_CHUNK_BYTES", "ArrayLayout",
-           "check_array_metadata", "parse_array_document"]
+__all__ = ["ALLOWED_CODECS", "ALLOWED_DATA_TYPES", "MAX_CHUNK_BYTES", "MAX_DIMENSION_NAME",
+           "ArrayLayout", "check_array_metadata", "parse_array_document"]
 
 ALLOWED_DATA_TYPES = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -41,6 +42,8 @@ _COMPRESSORS = {"zstd": {"level", "checksum"},
 _ARRAY_KEYS = {"zarr_format", "node_type", "shape", "data_type", "chunk_grid",
                "chunk_key_encoding", "fill_value", "codecs", "attributes", "dimension_names",
                "storage_transformers"}
+MAX_DIMENSION_NAME = 255
+"""Longest dimension name accepted (characters)."""
 MAX_CHUNK_BYTES = 1 << 32
 """Largest decoded chunk accepted (4 GiB); daskrl writes chunks of at most 8 MiB per step."""
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -185,11 +188,7 @@ def _check_array_metadata(doc: Any, where: str) -> ArrayLayout:
         raise _refuse(where, f"chunk_key_encoding {enc!r} is not the default encoding")
     if doc.get("storage_transformers", []) != []:
         raise _refuse(where, f"storage_transformers {doc['storage_transformers']!r} are not allowed")
-    names = doc.get("dimension_names")
-    if names is not None and not (
-        isinstance(names, list) and all(n is None or isinstance(n, str) for n in names)
-    ):
-        raise _refuse(where, f"dimension_names {names!r} is not a list of strings or nulls")
+    _check_dimension_names(doc.get("dimension_names"), len(shape), where)
     big_endian, compressor, checksum, typesize = _check_codecs(doc.get("codecs"), dtype, where)
     return ArrayLayout(
         shape=tuple(shape),
@@ -202,6 +201,30 @@ def _check_array_metadata(doc: Any, where: str) -> ArrayLayout:
         checksum=checksum,
         blosc_typesize=typesize,
     )
+
+
+def _check_dimension_names(names: Any, ndim: int, where: str) -> None:
+    """``dimension_names``: absent, or one entry per dimension, each null (format 2.0) or a
+    distinct name of 1 to :data:`MAX_DIMENSION_NAME` printable characters (2.1 writes
+    ``time``, ``env``, ``<array>_0``, ...)."""
+    if names is None:
+        return
+    if not isinstance(names, list) or len(names) != ndim:
+        raise _refuse(where, f"dimension_names {_short(names)} is not a list of {ndim} entries "
+                             "(one per dimension)")
+    strings = [n for n in names if n is not None]
+    for n in strings:
+        if not (isinstance(n, str) and 0 < len(n) <= MAX_DIMENSION_NAME and n.isprintable()):
+            raise _refuse(where, f"dimension name {_short(n)} is not null or a string of 1 to "
+                                 f"{MAX_DIMENSION_NAME} printable characters")
+    if len(set(strings)) != len(strings):
+        raise _refuse(where, f"dimension_names {_short(names)} repeat a name")
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to 80 characters (an untrusted name may be long)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _check_codecs(codecs: Any, dtype: np.dtype, where: str

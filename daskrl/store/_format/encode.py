@@ -28,8 +28,8 @@ from daskrl.config import Compression
 from daskrl.errors import UnsupportedDtypeError
 from daskrl.store._format import zip_container as zc
 
-__all__ = ["CHUNK_BYTES", "EncodedBatch", "chunk_rows", "encode_array", "encode_batch",
-           "group_document"]
+__all__ = ["CHUNK_BYTES", "EncodedBatch", "chunk_rows", "dimension_names", "encode_array",
+           "encode_batch", "group_document"]
 
 CHUNK_BYTES = 8 << 20
 """Target size of one chunk before compression; chunks split the time axis only."""
@@ -44,6 +44,14 @@ def group_document(attributes: dict[str, Any]) -> bytes:
     """``zarr.json`` of a group."""
     doc = {"zarr_format": 3, "node_type": "group", "attributes": attributes}
     return json.dumps(doc, indent=1).encode()
+
+
+def dimension_names(name: str, ndim: int) -> list[str]:
+    """The dimension names of array ``name`` with ``ndim`` dimensions (format 2.1): ``time``
+    and ``env``, shared by every array, then ``<name>_0``, ``<name>_1``, ... of its own, so
+    that arrays of different trailing sizes never share a dimension (xarray needs one size per
+    name)."""
+    return ["time", "env", *[f"{name}_{i}" for i in range(ndim - 2)]][:ndim]
 
 
 def chunk_rows(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> int:
@@ -102,7 +110,7 @@ def _encode_chunk(chunk: np.ndarray, compression: Compression, pad_rows: int = 0
 
 
 @functools.lru_cache(maxsize=256)
-def _array_document(shape: tuple[int, ...], dtype: np.dtype, rows: int,
+def _array_document(name: str, shape: tuple[int, ...], dtype: np.dtype, rows: int,
                     compression: Compression) -> bytes:
     chunk_shape = [rows, *shape[1:]]
     fill: Any = False if dtype.kind == "b" else (0.0 if dtype.kind in "fc" else 0)
@@ -116,7 +124,7 @@ def _array_document(shape: tuple[int, ...], dtype: np.dtype, rows: int,
         "fill_value": fill,
         "codecs": _codecs(dtype, compression),
         "attributes": {},
-        "dimension_names": ["time", "env", *[None] * (len(shape) - 2)],
+        "dimension_names": dimension_names(name, len(shape)),
         "zarr_format": 3,
         "node_type": "array",
         "storage_transformers": [],
@@ -129,7 +137,8 @@ def _array_members(path: str, arr: np.ndarray, compression: Compression, chunk_b
     """``(member name, buffers)`` of the zarr v3 array ``path``: its ``zarr.json``, then its
     chunks; a member's content is its buffers joined."""
     rows = chunk_rows(arr, chunk_bytes)
-    yield f"{path}/zarr.json", [_array_document(arr.shape, arr.dtype, rows, compression)]
+    doc = _array_document(path.rsplit("/", 1)[-1], arr.shape, arr.dtype, rows, compression)
+    yield f"{path}/zarr.json", [doc]
     tail = "/0" * (arr.ndim - 1)
     for i, start in enumerate(range(0, arr.shape[0], rows)):
         chunk = arr[start:start + rows]
@@ -141,8 +150,8 @@ def encode_array(path: str, arr: np.ndarray, compression: Compression,
                  chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[str, bytes]]:
     """Yield ``(key, bytes)`` of the zarr v3 array ``path``: its ``zarr.json``, then its chunks.
 
-    The array is ``[T, E, ...]`` with dimension names ``time``, ``env``; chunks split the time
-    axis only, at most ``chunk_bytes`` each.
+    The array is ``[T, E, ...]`` with the dimension names of :func:`dimension_names`; chunks
+    split the time axis only, at most ``chunk_bytes`` each.
     """
     for key, parts in _array_members(path, arr, compression, chunk_bytes):
         yield key, b"".join(parts)

@@ -1,0 +1,94 @@
+"""A store as an ``xarray.Dataset`` backed by dask: :func:`~._dask_view.to_dask`'s arrays with
+named dimensions and per-batch coordinates (needs ``daskrl[xarray]``).
+
+Dimensions follow the format's rule (:func:`~._format.encode.dimension_names`): ``time`` and
+``env`` shared by every array, ``<array>_0``, ``<array>_1``, ... of each array's own (so
+Pendulum's ``observation_0`` of size 3 and ``action_0`` of size 1 never clash); layout
+``"frames"`` merges ``time`` and ``env`` into ``frame``.  The names come from the rule, not
+from the containers, so batches of format 2.0 (whose trailing names are null) and 2.1 read the
+same.  Data is read through daskrl's reader: every container and array document is checked
+against the store's rules (``docs/store-format.md``) before a chunk is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from daskrl.errors import ConfigError, MissingDependencyError
+from daskrl.store._dask_view import dask_view
+from daskrl.store._format.encode import dimension_names
+
+if TYPE_CHECKING:
+    import xarray
+
+    from daskrl.store._reading import Reader
+    from daskrl.store._store import TrajectoryStore
+
+__all__ = ["to_xarray"]
+
+_AXIS = {"frames": "frame", "time": "time", "env": "env"}
+"""The dimension batches are concatenated along, per layout."""
+
+
+def _import_xarray() -> Any:
+    try:
+        import xarray
+    except ImportError as e:
+        raise MissingDependencyError(
+            f'reading a store as an xarray Dataset needs xarray ({e}): pip install '
+            '"daskrl[xarray]"'
+        ) from e
+    return xarray
+
+
+def to_xarray(
+    store: TrajectoryStore,
+    reader: Reader,
+    keys: Sequence[str] | None = None,
+    *,
+    layout: str = "frames",
+    batch_ids: Sequence[int] | None = None,
+) -> xarray.Dataset:
+    """The store's batches as one lazy ``xarray.Dataset`` (one dask block per batch and array).
+
+    ``keys``, ``layout`` and ``batch_ids`` are :func:`~._dask_view.to_dask`'s.  Each array is a
+    data variable with dimensions ``(frame, <array>_0, ...)`` (layout ``"frames"``) or
+    ``(time, env, <array>_0, ...)``; the coordinates ``batch_id`` and ``weights_version``
+    (lazy, along ``frame``, ``time`` or ``env``) say which batch each entry came from and the
+    weights version that acted.  Raises :class:`~daskrl.MissingDependencyError` without
+    xarray, :class:`~daskrl.StoreFormatError` when a batch's arrays disagree on ``[T, E]``,
+    :class:`~daskrl.ConfigError` for an array named like a dimension (an extra policy output
+    ``env``, say).
+    """
+    xr = _import_xarray()
+    import dask.array as da
+    import numpy as np
+
+    arrays, included = dask_view(store, reader, keys, layout=layout, batch_ids=batch_ids)
+    axis = _AXIS[layout]
+    data: dict[str, Any] = {}
+    for name, arr in arrays.items():
+        dims = dimension_names(name, arr.ndim + (layout == "frames"))
+        data[name] = (["frame", *dims[2:]] if layout == "frames" else dims, arr)
+    clash = sorted(set(data) & {d for dims, _ in data.values() for d in dims})
+    if clash:
+        raise ConfigError(
+            f"array {clash[0]!r} of store {store.url!r} has the name of a dimension of this "
+            "view, which xarray cannot hold: pass keys= without it (and read it with "
+            "to_dask() or load())."
+        )
+    sizes = [_length(b.shape, layout) for b in included]
+    coords: dict[str, Any] = {}
+    if included:
+        for coord in ("batch_id", "weights_version"):
+            coords[coord] = (axis, da.concatenate(
+                [da.full(n, getattr(b, coord), dtype=np.int64, chunks=n)
+                 for b, n in zip(included, sizes)]))
+    return xr.Dataset(data, coords=coords, attrs={"store": store.url, "layout": layout})
+
+
+def _length(shape: tuple[int, int], layout: str) -> int:
+    """A batch's extent along the dimension the layout concatenates on."""
+    t, e = shape
+    return {"frames": t * e, "time": t, "env": e}[layout]
