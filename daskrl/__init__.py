@@ -59,6 +59,7 @@ from daskrl.errors import (
     WeightsIntegrityError,
     WeightsNotSharedError,
     WeightsUnavailableError,
+    MetricsLoggerWarning,
 )
 
 __version__ = "0.1.0"
@@ -109,4 +110,5 @@ __all__ = [
     "WeightsIntegrityError",
     "WeightsNotSharedError",
     "WeightsUnavailableError",
+    "MetricsLoggerWarning",
 ]

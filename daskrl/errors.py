@@ -22,6 +22,7 @@ __all__ = [
     "DatasetIndexError",
     "EnvError",
     "InternalError",
+    "MetricsLoggerWarning",
     "MissingDependencyError",
     "PolicyError",
     "SlurmError",
@@ -169,3 +170,8 @@ class DatasetIndexError(DaskrlError, IndexError):
 class InternalError(DaskrlError, RuntimeError):
     """daskrl broke one of its own invariants: a bug in daskrl, not in what it was given.
     Please report it with the message."""
+
+
+class MetricsLoggerWarning(RuntimeWarning):
+    """A metrics logger given to a :class:`~daskrl.Collector` raised: the collector closed it
+    (keeping what it had written) and sends it nothing more; the collection goes on."""

@@ -44,6 +44,10 @@ def add_collect_command(sub: Any) -> None:
     c.add_argument("--json", action="store_true",
                    help="print the collector's summary as one JSON object instead of text "
                         "(and no progress bar)")
+    c.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the running metrics (charts/episodic_return, charts/SPS, "
+                        "collector/..., see docs/integrations/logging.md) as TensorBoard event "
+                        'files under DIR (needs pip install "daskrl[tensorboard]"; default: off)')
     add_config_options(c)
     add_cluster_args(c)
 
@@ -112,11 +116,16 @@ def run_collect(args: argparse.Namespace) -> int:
         shared_memory=args.shared_memory)
     obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
     policy = make_policy(args.policy, obs_space, act_space)
+    loggers = []
+    if args.tensorboard is not None:  # a missing extra fails before any cluster starts
+        from daskrl.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(args.tensorboard))
     _note_earlier_runs(args.store)
     d = deployment(args, workers=config.num_workers)
     try:
-        with Collector(args.env, policy, args.store,
-                       client=d.client if d is not None else None, config=config) as collector:
+        with Collector(args.env, policy, args.store, client=d.client if d is not None else None,
+                       config=config, loggers=loggers) as collector:
             with tqdm(total=config.total_frames, unit="frame",
                       disable=args.no_progress or args.json,
                       dynamic_ncols=True) as bar:
@@ -128,6 +137,8 @@ def run_collect(args: argparse.Namespace) -> int:
             n_workers = len(collector.client.scheduler_info()["workers"])
             transport = collector.weights_transport
     finally:
+        for target in loggers:  # closed with the collector already, unless it failed first
+            target.close()
         if d is not None:
             d.close()
     if args.json:
