@@ -13,6 +13,9 @@ __all__ = ["MLflowLogger"]
 class MLflowLogger:
     """Log metrics to an MLflow run.
 
+    Each call is one ``log_batch`` request; MLflow keeps every value of a key at a step, so
+    the episodes of one batch all appear. Needs ``pip install "daskrl[mlflow]"``.
+
     Parameters
     ----------
     run_id
@@ -23,9 +26,6 @@ class MLflowLogger:
         ``file://`` directory); ``None``: MLflow's default (``MLFLOW_TRACKING_URI``).
     experiment_name, run_name, tags
         Of the run created when ``run_id`` is ``None``.
-
-    Each call is one ``log_batch`` request; MLflow keeps every value of a key at a step, so
-    the episodes of one batch all appear. Needs ``pip install "daskrl[mlflow]"``.
     """
 
     def __init__(self, run_id: str | None = None, *, tracking_uri: str | None = None,

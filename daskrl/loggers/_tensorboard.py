@@ -14,6 +14,9 @@ __all__ = ["TensorBoardLogger"]
 class TensorBoardLogger:
     """Write metrics as TensorBoard scalars (one event file under ``log_dir``).
 
+    The writer is :attr:`writer`: log a learner's own scalars (losses) to the same run with
+    :meth:`log_metrics` or with the writer itself. Needs ``pip install "daskrl[tensorboard]"``.
+
     Parameters
     ----------
     log_dir
@@ -21,9 +24,6 @@ class TensorBoardLogger:
     **writer_options
         Passed to ``torch.utils.tensorboard.SummaryWriter`` (``flush_secs``, ``max_queue``,
         ``filename_suffix``...).
-
-    The writer is :attr:`writer`: log a learner's own scalars (losses) to the same run with
-    :meth:`log_metrics` or with the writer itself. Needs ``pip install "daskrl[tensorboard]"``.
 
     Examples
     --------

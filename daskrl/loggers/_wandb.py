@@ -13,6 +13,8 @@ __all__ = ["WandbLogger"]
 class WandbLogger:
     """Log metrics to a Weights & Biases run.
 
+    Needs ``pip install "daskrl[wandb]"``.
+
     Parameters
     ----------
     run
@@ -24,8 +26,6 @@ class WandbLogger:
         row, so each call is its own row: the episodes of one batch all appear, at one step.
     **init_options
         Passed to ``wandb.init`` (``project``, ``name``, ``config``, ``mode="offline"``...).
-
-    Needs ``pip install "daskrl[wandb]"``.
     """
 
     def __init__(self, run: Any = None, *, step_metric: str = "global_step",
