@@ -139,3 +139,18 @@ def test_a_missing_extra_names_its_pip_install(monkeypatch, tmp_path, name, hidd
             f'Install it with: pip install "daskrl[{extra}]"')):
         cls(str(tmp_path)) if name == "TensorBoardLogger" else cls()
 
+
+
+def test_with_the_warning_as_an_error_the_logger_is_closed_first(tmp_path):
+    import warnings
+
+    failing = FailingTensorBoardLogger(tmp_path / "tb", fail_at=2)
+    feed = MetricsFeed([failing])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MetricsLoggerWarning)
+        with pytest.raises(MetricsLoggerWarning, match="raised OSError: disk full"):
+            _feed(HandOver(None), feed, [_handle(0, 0, (3.0,))],
+                  TrajectoryStore(str(tmp_path / "s")))
+    assert failing.closed == 1 and not feed.loggers
+    assert scalars(tmp_path / "tb") == {"charts/episodic_return": [(10, 3.0)],
+                                        "charts/episodic_length": [(10, 3.0)]}
