@@ -62,6 +62,7 @@ from daskrl.errors import (
     WeightsIntegrityError,
     WeightsNotSharedError,
     WeightsUnavailableError,
+    MetricsLoggerWarning,
 )
 
 __version__ = "0.1.0"
@@ -115,4 +116,5 @@ __all__ = [
     "WeightsIntegrityError",
     "WeightsNotSharedError",
     "WeightsUnavailableError",
+    "MetricsLoggerWarning",
 ]

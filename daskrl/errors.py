@@ -23,6 +23,7 @@ __all__ = [
     "EnvError",
     "ExportExistsError",
     "InternalError",
+    "MetricsLoggerWarning",
     "MissingDependencyError",
     "PolicyError",
     "ResumeError",
@@ -192,3 +193,8 @@ class ResumeMismatchError(ResumeError):
 class ExportExistsError(DaskrlError, FileExistsError):
     """The target of an export already exists (a Minari dataset of that id under that data
     path); choose another name, or overwrite it (``overwrite=True``, ``--overwrite``)."""
+
+
+class MetricsLoggerWarning(RuntimeWarning):
+    """A metrics logger given to a :class:`~daskrl.Collector` raised: the collector closed it
+    (keeping what it had written) and sends it nothing more; the collection goes on."""

@@ -13,8 +13,10 @@ Run::
     python examples/dqn_cartpole.py --help
 
 Metrics go to ``<run dir>/metrics.jsonl`` (``charts/episodic_return``, ``charts/SPS``,
-``losses/td_loss``, ``collector/policy_lag_mean`` ...); the learning curve to
-``<run dir>/curve.png`` (``pip install "daskrl[examples]"``).
+``losses/td_loss``, ``collector/policy_lag_mean`` ...), and with ``--tensorboard DIR`` to
+TensorBoard too (the collector's through ``daskrl.loggers.TensorBoardLogger``, the learner's
+through the same logger); the learning curve to ``<run dir>/curve.png``
+(``pip install "daskrl[examples]"``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from torch import nn
 from tqdm import tqdm
 
 import daskrl
+from daskrl.loggers import TensorBoardLogger
 
 
 @dataclasses.dataclass
@@ -98,6 +101,8 @@ class Args:
     """show a progress bar"""
     torch_threads: int = 1
     """torch threads of the learner: one is fastest for small MLPs next to busy workers"""
+    tensorboard: str = ""
+    """also log to TensorBoard under this directory: the collector's metrics (charts/episodic_return, charts/SPS, collector/...) and the learner's (pip install "daskrl[tensorboard]")"""
 
 
 def parse_args() -> Args:
@@ -242,6 +247,8 @@ def main(args: Args) -> dict[str, typing.Any]:
 
         client = Client(args.scheduler, set_as_default=False)
     metrics = MetricsLog(run_dir / "metrics.jsonl")
+    # The collector logs its metrics to TensorBoard itself (and closes the logger with it).
+    tb = TensorBoardLogger(args.tensorboard) if args.tensorboard else None
     curve_frames: list[int] = []
     curve_returns: list[float] = []
     recent: collections.deque[float] = collections.deque(maxlen=args.window)
@@ -257,6 +264,7 @@ def main(args: Args) -> dict[str, typing.Any]:
             total_frames=args.total_frames, seed=args.seed,
             init_random_frames=args.learning_starts, batches_in_flight=args.batches_in_flight,
             max_policy_lag=None if args.max_policy_lag < 0 else args.max_policy_lag,
+            loggers=[tb] if tb is not None else [],
         ) as collector, tqdm(total=args.total_frames, unit="frame", disable=not args.progress,
                              dynamic_ncols=True) as bar:
             frames = 0
@@ -295,6 +303,11 @@ def main(args: Args) -> dict[str, typing.Any]:
                 collector.update_weights(q)
                 s = collector.summary()
                 sps = frames / (time.perf_counter() - start)
+                if tb is not None and losses:  # the learner's figures, next to the collector's
+                    tb.log_metrics({"losses/td_loss": float(np.mean(losses)),
+                                    "charts/epsilon": epsilon,
+                                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                                    "charts/gradient_steps": gradient_steps}, step=frames)
                 metrics.log(frames, **{
                     "losses/td_loss": float(np.mean(losses)) if losses else float("nan"),
                     "charts/SPS": sps, "charts/epsilon": epsilon,

@@ -23,6 +23,7 @@ import gymnasium as gym
 from tqdm import tqdm
 
 import daskrl
+from daskrl.loggers import TensorBoardLogger
 from daskrl.policies import MLPPolicy
 
 
@@ -46,6 +47,8 @@ class Args:
     """address of a running Dask scheduler (default: an embedded LocalCluster of num_workers)"""
     progress: bool = True
     """show a progress bar"""
+    tensorboard: str = ""
+    """also log the collector's metrics (charts/episodic_return, charts/SPS, collector/...) to TensorBoard under this directory (pip install "daskrl[tensorboard]")"""
 
 
 def parse_args() -> Args:
@@ -78,6 +81,7 @@ def main(args: Args) -> None:
             envs_per_worker=args.envs_per_worker, frames_per_batch=args.frames_per_batch,
             total_frames=args.total_frames, seed=args.seed,
             init_random_frames=args.total_frames,  # every action uniformly random
+            loggers=[TensorBoardLogger(args.tensorboard)] if args.tensorboard else [],
         ) as collector, tqdm(total=args.total_frames, unit="frame", disable=not args.progress,
                              dynamic_ncols=True) as bar:
             for handle in collector:  # nothing to learn here: the handles only count

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from tqdm import tqdm
 
 import daskrl
+from daskrl.loggers import TensorBoardLogger
 
 
 @dataclasses.dataclass
@@ -62,6 +63,8 @@ class Args:
     """show a progress bar"""
     torch_threads: int = 1
     """torch threads: one is fastest for a small MLP on a busy machine"""
+    tensorboard: str = ""
+    """also log losses/td_loss per epoch (step: gradient steps) to TensorBoard under this directory (pip install "daskrl[tensorboard]")"""
 
 
 def parse_args() -> Args:
@@ -144,6 +147,7 @@ def main(args: Args) -> None:
     optimizer = torch.optim.Adam(q.parameters(), lr=args.learning_rate)
     loader = DataLoader(data, batch_size=None)  # the dataset yields whole minibatches
     print(f"store {store.url}: {len(data.batch_ids)} batches, {data.frames} frames of {env_id}")
+    tb = TensorBoardLogger(args.tensorboard) if args.tensorboard else None
     steps, start = 0, time.perf_counter()
     for epoch in range(args.epochs):
         losses = []
@@ -163,6 +167,10 @@ def main(args: Args) -> None:
                 target.load_state_dict(q.state_dict())
         print(f"epoch {epoch}: losses/td_loss {np.mean(losses):.4f}  gradient steps {steps}  "
               f"({time.perf_counter() - start:.1f}s)")
+        if tb is not None:
+            tb.log_metrics({"losses/td_loss": float(np.mean(losses))}, step=steps)
+    if tb is not None:
+        tb.close()
     returns = evaluate(q, env_id, args.eval_episodes, args.seed + 10_000)
     print(f"greedy policy on {args.eval_episodes} local episodes: mean return "
           f"{np.mean(returns):.1f} (min {min(returns):.0f}, max {max(returns):.0f})")

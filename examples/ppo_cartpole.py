@@ -14,7 +14,9 @@ Run::
 
 Metrics go to ``<run dir>/metrics.jsonl`` under cleanrl's namespaced keys (``charts/SPS``,
 ``charts/episodic_return``, ``losses/...``) plus daskrl's collector figures (``collector/...``);
-the learning curve is saved as ``<run dir>/curve.png`` (``pip install "daskrl[examples]"``).
+``--tensorboard DIR`` also logs them to TensorBoard (the collector's through
+``daskrl.loggers.TensorBoardLogger``, the losses through the same logger); the learning curve is
+saved as ``<run dir>/curve.png`` (``pip install "daskrl[examples]"``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from torch import nn
 from tqdm import tqdm
 
 import daskrl
+from daskrl.loggers import TensorBoardLogger
 
 
 @dataclasses.dataclass
@@ -82,6 +85,8 @@ class Args:
     """show a progress bar"""
     torch_threads: int = 1
     """torch threads of the learner: one is fastest for small MLPs next to busy workers"""
+    tensorboard: str = ""
+    """also log to TensorBoard under this directory: the collector's metrics (charts/episodic_return, charts/SPS, collector/...) and the learner's (pip install "daskrl[tensorboard]")"""
 
 
 def parse_args() -> Args:
@@ -243,6 +248,8 @@ def main(args: Args) -> dict[str, float]:
 
         client = Client(args.scheduler, set_as_default=False)
     metrics = MetricsLog(run_dir / "metrics.jsonl")
+    # The collector logs its metrics to TensorBoard itself (and closes the logger with it).
+    tb = TensorBoardLogger(args.tensorboard) if args.tensorboard else None
     frames_per_batch = args.envs_per_worker * args.steps_per_batch
     curve_frames: list[int] = []
     curve_returns: list[float] = []
@@ -256,6 +263,7 @@ def main(args: Args) -> dict[str, float]:
             args.env_id, agent, str(run_dir / "store"), client=client, sync=True,
             num_workers=args.num_workers, envs_per_worker=args.envs_per_worker,
             frames_per_batch=frames_per_batch, total_frames=args.total_frames, seed=args.seed,
+            loggers=[tb] if tb is not None else [],
         ) as collector, tqdm(total=args.total_frames, unit="frame", disable=not args.progress,
                              dynamic_ncols=True) as bar:
             round_: list[daskrl.BatchHandle] = []
@@ -288,6 +296,8 @@ def main(args: Args) -> dict[str, float]:
                 round_.clear()
                 s = collector.summary()
                 sps = frames / (time.perf_counter() - start)
+                if tb is not None:  # the learner's figures, next to the collector's
+                    tb.log_metrics({**losses, "charts/learning_rate": lr}, step=frames)
                 metrics.log(frames, **losses, **{
                     "charts/SPS": sps, "charts/learning_rate": lr,
                     "collector/fps": s["fps"], "collector/policy_lag_mean": s["policy_lag_mean"],

@@ -58,6 +58,10 @@ def add_collect_command(sub: Any) -> None:
     c.add_argument("--json", action="store_true",
                    help="print the collector's summary as one JSON object instead of text "
                         "(and no progress bar)")
+    c.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the running metrics (charts/episodic_return, charts/SPS, "
+                        "collector/..., see docs/integrations/logging.md) as TensorBoard event "
+                        'files under DIR (needs pip install "daskrl[tensorboard]"; default: off)')
     add_config_options(c)
     add_cluster_args(c, dashboard=True)
 
@@ -131,13 +135,19 @@ def run_collect(args: argparse.Namespace) -> int:
     except EnvError as e:  # made here, before any cluster: the env id or its kwargs are wrong
         raise ConfigError(str(e)) from e
     policy = make_policy(args.policy, obs_space, act_space)
+    loggers = []
+    if args.tensorboard is not None:  # a missing extra fails before any cluster starts
+        from daskrl.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(args.tensorboard))
     if config.resume is False:
         _note_earlier_runs(args.store)
     d = deployment(args, workers=config.num_workers)
     try:
         with Collector(args.env, policy, args.store,
                        client=d.client if d is not None else None, config=config,
-                       dashboard=args.dashboard if d is None else None) as collector:
+                       dashboard=args.dashboard if d is None else None,
+                       loggers=loggers) as collector:
             print_dashboard_link(collector.dashboard_link
                                  or (dashboard_link(d.cluster) if d is not None else None))
             resumed = collector.resumed
@@ -155,6 +165,8 @@ def run_collect(args: argparse.Namespace) -> int:
             n_workers = len(collector.client.scheduler_info()["workers"])
             transport = collector.weights_transport
     finally:
+        for target in loggers:  # closed with the collector already, unless it failed first
+            target.close()
         if d is not None:
             d.close()
     resume = {"resumes": resumed.run if resumed is not None else None,

@@ -2,16 +2,18 @@
 
 The parts behind it: ``_startup`` (plugin, checks, store probe, version 0, run number),
 ``_planner`` (budget, streams, ids), ``_supervisor`` (live workers, deadlines, re-dispatch),
-``_handover`` (policy-lag rule, statistics), ``_run`` (one started collection) and :mod:`daskrl.weights._publish`. Each cluster operation is one coroutine, run
-by the client's own sync machinery (``client.sync``) for a synchronous client and awaited by
-the caller with an asynchronous one: both get the same checks and the same fault supervision.
+``_handover`` (policy-lag rule, statistics), ``_run`` (one started collection), ``_metrics``
+(what the loggers get, once per handle handed over) and :mod:`daskrl.weights._publish`. Each
+cluster operation is one coroutine, run by the client's own sync machinery (``client.sync``)
+for a synchronous client and awaited by the caller with an asynchronous one: both get the same
+checks and the same fault supervision.
 """
 
 from __future__ import annotations
 
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -26,12 +28,14 @@ from daskrl.collect._lifecycle import (
     finalize,
     release,
 )
+from daskrl.collect._metrics import MetricsFeed
 from daskrl.collect._resume import Resume, plan_resume, run_settings
 from daskrl.collect._run import Run
 from daskrl.collect._startup import start_on_cluster
 from daskrl.config import CollectorConfig, CollectorOptions
 from daskrl.deploy._cluster import dashboard_link, local_cluster
 from daskrl.errors import CollectorClosedError, UsageError
+from daskrl.loggers._protocol import LoggerLike
 from daskrl.store._handles import BatchHandle
 from daskrl.store._store import TrajectoryStore
 from daskrl.weights._publish import WeightsPublisher
@@ -72,6 +76,13 @@ class Collector:
         The options, each a field of :class:`~daskrl.config.CollectorConfig` (where their
         defaults and documentation live): a ``config``, and/or keyword options (which
         override the config's).
+    loggers
+        Where the running metrics go as batches are handed over: :mod:`daskrl.loggers`
+        objects (``TensorBoardLogger``, ``WandbLogger``, ``MLflowLogger``, anything with
+        ``log_metrics(metrics, step)``) or callables ``f(metrics, step)``; keys in
+        :data:`daskrl.loggers.METRIC_KEYS`. They stay on the learner (never pickled, not in
+        the run record) and are closed with the collector; one that raises is closed and
+        dropped with a :class:`~daskrl.MetricsLoggerWarning` (``docs/integrations/logging.md``).
 
     Examples
     --------
@@ -89,10 +100,11 @@ class Collector:
     def __init__(self, env: EnvLike, policy: PolicyLike, store: str, *,
                  storage_options: Mapping[str, Any] | None = None, client: Client | None = None,
                  config: CollectorConfig | None = None,
-                 dashboard: bool | int | None = None,
+                 dashboard: bool | int | None = None, loggers: Sequence[LoggerLike] = (),
                  **options: Unpack[CollectorOptions]) -> None:
         self.state = State.CREATED
         self._run: Run | None = None
+        self._metrics = MetricsFeed(loggers)
         # 1. Everything that can be checked on the learner, before any worker spends time.
         base = field_values(config) if config is not None else {}
         self.config = CollectorConfig(**{**base, **cast(dict[str, Any], options)})
@@ -276,8 +288,16 @@ class Collector:
                 raise UsageError(
                     "hand_over got a Future, but this collector's client is asynchronous: "
                     "pass the handle instead, collector.hand_over(await future).")
-            return run.hand_over(handle.result(), handle)
-        return run.hand_over(handle)
+            return self._log(run, run.hand_over(handle.result(), handle))
+        return self._log(run, run.hand_over(handle))
+
+    def _log(self, run: Run, handle: BatchHandle) -> BatchHandle:
+        """Send ``handle``'s metrics to the loggers (on the learner, once per handle)."""
+        if self._metrics:
+            self._metrics.handed_over(handle, run.handover.stats,
+                                      weights_version=self._weights.version,
+                                      in_flight=len(run.supervisor.pending), store=self._store)
+        return handle
 
     def __iter__(self) -> Iterator[BatchHandle]:
         run = self._running()
@@ -287,7 +307,7 @@ class Collector:
 
     def _iterate(self, run: Run) -> Iterator[BatchHandle]:
         while (handle := self.client.sync(run.next_handle)) is not None:
-            yield handle
+            yield self._log(run, handle)
 
     def __aiter__(self) -> AsyncIterator[BatchHandle]:
         run = self._running()
@@ -299,7 +319,7 @@ class Collector:
 
     async def _aiterate(self, run: Run) -> AsyncIterator[BatchHandle]:
         while (handle := await run.next_handle()) is not None:
-            yield handle
+            yield self._log(run, handle)
 
     def summary(self) -> dict[str, Any]:
         """Running totals over the batches handed over to the learner (works after close).
@@ -330,6 +350,7 @@ class Collector:
                 self.client.sync(self._aclose)
             self.state = State.CLOSED
         self._finalizer()  # closes an embedded cluster; shared memory is freed in any case
+        self._metrics.close()
         return Closing()
 
     async def aclose(self) -> None:
@@ -350,3 +371,4 @@ class Collector:
             if self._asynchronous:
                 self._finalizer.detach()
                 self._weights.segments.close()
+                self._metrics.close()
