@@ -88,6 +88,11 @@ def test_file_and_bytes_sources_read_the_same_arrays(tmp_path):
         np.testing.assert_array_equal(got["reward"], arrays["reward"])
 
 
+def test_asking_for_no_arrays_reads_nothing_and_is_not_called_damage():
+    src = BytesSource(_bytes("zstd"), "batch b")
+    assert read_batch(src, read_index(src, []), []) == {}  # keys=[]: not "the store is damaged"
+
+
 def test_the_plan_names_every_chunk_in_file_order():
     src = BytesSource(_bytes("zstd"), "batch b")
     index = read_index(src)

@@ -112,9 +112,11 @@ def read_batch(source: ByteSource, index: BatchIndex, names: Sequence[str] | Non
     that fails its checks raises :class:`~daskrl.StoreError` (corrupt data) or
     :class:`~daskrl.StoreFormatError` (a malformed container) naming array and chunk.
     """
-    names = index.arrays if names is None else list(names)
-    if not names:
+    if not index.arrays:
         raise BatchDataMissingError(f"{index.name}: the container holds no arrays.")
+    names = index.arrays if names is None else list(names)
+    if not names:  # asked for nothing (keys=[]): nothing to read
+        return {}
     validate_arrays(source, index, names, limits)
     make = allocate or (lambda _name, shape, dtype: np.empty(shape, dtype))
     arrays = {n: make(n, index.layouts[n].shape, index.layouts[n].dtype) for n in names}
