@@ -172,7 +172,7 @@ def test_cli_refuses_a_dashboard_it_cannot_serve(tmp_path):
     assert "--dashboard takes a port 0-65535" in bad_port.stderr
     running = subprocess.run([*cmd, "--dashboard", "--scheduler", "tcp://127.0.0.1:9"],
                              capture_output=True, text=True, timeout=120)
-    assert running.returncode == 2
+    assert running.returncode == 3  # a configuration error
     assert "--dashboard applies to the embedded cluster only" in running.stderr
     assert not (tmp_path / "s").exists()
 
@@ -210,6 +210,6 @@ def test_without_bokeh_asking_for_it_names_the_extra(tmp_path):
          "from daskrl.cli import main; sys.exit(main())", "collect", "--env", "CartPole-v1",
          "--store", str(tmp_path / "c"), "--frames", "64", "--dashboard"],
         capture_output=True, text=True, timeout=120)
-    assert cli.returncode == 2
+    assert cli.returncode == 3  # a missing extra: configuration
     assert 'pip install "daskrl[dashboard]"' in cli.stderr
     assert not (tmp_path / "c").exists()
