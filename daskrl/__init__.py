@@ -63,6 +63,8 @@ from daskrl.errors import (
     WeightsNotSharedError,
     WeightsUnavailableError,
     MetricsLoggerWarning,
+    WrapperError,
+    EnvSpacesMismatchError,
 )
 
 __version__ = "0.1.0"
@@ -117,4 +119,6 @@ __all__ = [
     "WeightsNotSharedError",
     "WeightsUnavailableError",
     "MetricsLoggerWarning",
+    "WrapperError",
+    "EnvSpacesMismatchError",
 ]

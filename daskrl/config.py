@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 from daskrl.errors import ConfigError
 from daskrl.worker._devices import DeviceSetting, check_device_setting
 from daskrl.worker._envs import check_env_vars
+from daskrl.worker._wrappers import WrapperSpec, parse_wrappers
 
 __all__ = ["CollectorConfig", "CollectorOptions", "Compression", "check_seconds"]
 
@@ -151,6 +152,13 @@ class CollectorConfig:
     committed by that run (and the runs it resumed) count toward ``total_frames``; the other
     settings that shape the data must agree with the run's (see
     ``docs/integrations/resume.md``). ``True`` on a store with no run starts a new one."""
+    wrappers: tuple[str, ...] = dataclasses.field(default=(), metadata={
+        "help": "gymnasium wrappers applied in order to every env", "flag": "by hand"})
+    """Wrappers applied in order (the first innermost) to every env a worker makes, and to the
+    learner's probe of the spaces: specs ``"package.module.Wrapper"`` or
+    ``"package.module.Wrapper:KEY=VALUE,..."`` with Python literals as values, e.g.
+    ``"gymnasium.wrappers.FrameStackObservation:stack_size=4"`` (``docs/env-kinds.md``,
+    "Wrappers"). Stored with the run, in canonical form."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
@@ -201,10 +209,17 @@ class CollectorConfig:
             raise ConfigError(
                 f"compression must be one of {choices}, got {self.compression!r}."
             ) from None
+        object.__setattr__(self, "wrappers",
+                           tuple(w.text for w in parse_wrappers(self.wrappers)))
         if not isinstance(self.resume, int) or (not isinstance(self.resume, bool)
                                                 and self.resume < 0):
             raise ConfigError(f"resume must be True, False or a run number (an integer >= 0), "
                               f"got {self.resume!r}.")
+
+    @property
+    def wrapper_specs(self) -> tuple[WrapperSpec, ...]:
+        """:attr:`wrappers`, parsed."""
+        return parse_wrappers(self.wrappers)
 
     @property
     def steps_per_batch(self) -> int:
@@ -235,6 +250,7 @@ class CollectorConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.name not in LEARNER_SIDE}
         d["compression"] = self.compression.value
+        d["wrappers"] = list(self.wrappers)
         return d
 
 
@@ -273,3 +289,4 @@ class CollectorOptions(TypedDict, total=False):
     call_timeout: float
     shared_memory: bool
     resume: bool | int
+    wrappers: tuple[str, ...] | list[str] | str

@@ -21,6 +21,7 @@ __all__ = [
     "DaskrlError",
     "DatasetIndexError",
     "EnvError",
+    "EnvSpacesMismatchError",
     "ExportExistsError",
     "InternalError",
     "MetricsLoggerWarning",
@@ -41,6 +42,7 @@ __all__ = [
     "WeightsIntegrityError",
     "WeightsNotSharedError",
     "WeightsUnavailableError",
+    "WrapperError",
 ]
 
 
@@ -198,3 +200,13 @@ class ExportExistsError(DaskrlError, FileExistsError):
 class MetricsLoggerWarning(RuntimeWarning):
     """A metrics logger given to a :class:`~daskrl.Collector` raised: the collector closed it
     (keeping what it had written) and sends it nothing more; the collection goes on."""
+
+
+class WrapperError(ConfigError):
+    """A wrapper spec (``wrappers=``, ``--wrapper``) cannot be parsed, its wrapper imported,
+    or the wrapper applied to the env; the message names the spec and what to change."""
+
+
+class EnvSpacesMismatchError(ConfigError):
+    """The envs of one collection (``env=[...]``, ``--env`` given several times) do not all
+    have the same observation and action spaces; the message names two that differ."""

@@ -33,9 +33,13 @@ def add_collect_command(sub: Any) -> None:
                        description="Collect experience with a policy into a zarr store, on "
                                    "an embedded cluster of this machine unless a --scheduler, "
                                    "--scheduler-file or --cluster is given.")
-    c.add_argument("--env", required=True, metavar="ID",
-                   help="gymnasium env id, e.g. CartPole-v1, or 'module:Id' to import the "
-                        "module that registers it (required)")
+    c.add_argument("--env", required=True, action="append", metavar="ID",
+                   help="gymnasium env id, e.g. CartPole-v1; 'module:Id' to import the module "
+                        "that registers it; or 'module:factory', a callable of the module "
+                        "making the env (called with --env-kwargs). Repeat it to collect "
+                        "several envs with the same spaces, one per stream: stream s collects "
+                        "the (s mod N)-th --env, and --workers, when given, must be a multiple "
+                        "of N (required)")
     c.add_argument("--store", required=True, metavar="URL",
                    help="local path or fsspec URL of the store, e.g. ./runs/cartpole or "
                         "s3://bucket/prefix (required)")
@@ -50,6 +54,11 @@ def add_collect_command(sub: Any) -> None:
                    metavar="NAME=VALUE",
                    help="an environment variable set on every worker before its envs are "
                         "built (repeatable; default: none)")
+    c.add_argument("--wrapper", action="append", default=[], metavar="PATH[:KEY=VALUE,...]",
+                   help="a gymnasium wrapper applied to every env, in the order given "
+                        "(repeatable), e.g. gymnasium.wrappers.AtariPreprocessing or "
+                        "gymnasium.wrappers.FrameStackObservation:stack_size=4; values are "
+                        "Python literals (quote text: mode='rgb'); default: none")
     c.add_argument("--policy", default=None, metavar="MODULE:FACTORY",
                    help="'module:factory' called with (observation_space, action_space), "
                         "returning a torch.nn.Module (default: an untrained 64-64 MLP)")
@@ -123,15 +132,16 @@ def run_collect(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from daskrl.collect._collector import Collector
-    from daskrl.worker._envs import EnvSpec
+    from daskrl.collect._env_list import env_specs, probe_envs
 
     config = config_from_args(  # bad values fail before the env is made
         args, device=args.device, env_kwargs=args.env_kwargs, env_vars=dict(args.env_var),
-        shared_memory=args.shared_memory)
+        shared_memory=args.shared_memory, wrappers=tuple(args.wrapper))
     if args.dashboard is not None:
         require_bokeh()  # before the env is made
-    try:
-        obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
+    env = args.env[0] if len(args.env) == 1 else list(args.env)
+    try:  # with the wrappers: the policy is made for the spaces the workers' envs have
+        obs_space, act_space = probe_envs(env_specs(env, config))
     except EnvError as e:  # made here, before any cluster: the env id or its kwargs are wrong
         raise ConfigError(str(e)) from e
     policy = make_policy(args.policy, obs_space, act_space)
@@ -144,7 +154,7 @@ def run_collect(args: argparse.Namespace) -> int:
         _note_earlier_runs(args.store)
     d = deployment(args, workers=config.num_workers)
     try:
-        with Collector(args.env, policy, args.store,
+        with Collector(env, policy, args.store,
                        client=d.client if d is not None else None, config=config,
                        dashboard=args.dashboard if d is None else None,
                        loggers=loggers) as collector:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from daskrl.collect._env_list import env_specs, probe_envs
 from daskrl.config import CollectorConfig
 from daskrl.errors import PolicyError, StoreError
 from daskrl.store._store import TrajectoryStore, check_store_options, normalize_url
@@ -26,29 +27,34 @@ class Checked:
     """What :func:`check_on_learner` found good: the env, its spaces, the policy, the store."""
 
     env_spec: EnvSpec
+    """The env (the first of :attr:`env_specs`)."""
     observation_space: Any
     action_space: Any
     module: torch.nn.Module
     policy_spec: PolicySpec
     store: TrajectoryStore
+    env_specs: tuple[EnvSpec, ...] = ()
+    """Every env of the collection, by env index (one, unless ``env`` was a list)."""
 
 
-def check_on_learner(env: EnvLike, policy: PolicyLike, store: str,
+def check_on_learner(env: EnvLike | Sequence[EnvLike], policy: PolicyLike, store: str,
                      storage_options: Mapping[str, Any] | None,
                      cfg: CollectorConfig) -> Checked:
     """Everything a collector can check on the learner, before any worker spends time: the
     store URL and options, the env (made once for its spaces), the policy's output on sample
-    observations, and the store (created if new; a store with no run number left fails)."""
+    observations, and the store (created if new; a store with no run number left fails).
+    Several envs (a list) must share their spaces (:mod:`daskrl.collect._env_list`)."""
     check_store_options(normalize_url(store), storage_options)
-    env_spec = EnvSpec(env, cfg.env_kwargs or {}, cfg.max_frames_per_traj)
-    obs_space, act_space = env_spec.probe()
+    specs = env_specs(env, cfg)
+    obs_space, act_space = probe_envs(specs)
+    env_spec = specs[0]
     module, factory = resolve_policy(policy)
     check_policy_output(module, env_spec, obs_space, act_space, cfg.envs_per_worker)
     spec = policy_spec(module, factory)
     trajectories = TrajectoryStore(store, storage_options, read_only=False)
     trajectories.initialize()
     trajectories.next_run()
-    return Checked(env_spec, obs_space, act_space, module, spec, trajectories)
+    return Checked(env_spec, obs_space, act_space, module, spec, trajectories, specs)
 
 
 def _policy_device(module: torch.nn.Module) -> torch.device:

@@ -20,6 +20,7 @@ import torch
 from distributed import Client, Future, LocalCluster
 
 from daskrl.collect._checks import check_on_learner
+from daskrl.collect._env_list import env_labels
 from daskrl.collect._lifecycle import (
     Closing,
     State,
@@ -55,7 +56,10 @@ class Collector:
     Parameters
     ----------
     env
-        A gymnasium id, or a zero-argument factory returning a ``gymnasium.Env``.
+        A gymnasium id (``"module:Id"`` imports the module that registers it), an import path
+        ``"module:factory"``, or a zero-argument factory returning a ``gymnasium.Env``; or a
+        list of them, one env per stream (stream ``s`` collects env ``s % len(env)``; they
+        must share their spaces; ``docs/env-kinds.md``, "Several envs").
     policy
         A ``torch.nn.Module`` mapping an observation tensor ``[E, *obs]`` to an action tensor
         ``[E, *act]`` or to a dict ``{"action": ..., <extra per-step outputs>}``; or a
@@ -97,7 +101,7 @@ class Collector:
     the same checks and fault supervision.
     """
 
-    def __init__(self, env: EnvLike, policy: PolicyLike, store: str, *,
+    def __init__(self, env: EnvLike | Sequence[EnvLike], policy: PolicyLike, store: str, *,
                  storage_options: Mapping[str, Any] | None = None, client: Client | None = None,
                  config: CollectorConfig | None = None,
                  dashboard: bool | int | None = None, loggers: Sequence[LoggerLike] = (),
@@ -113,9 +117,11 @@ class Collector:
         self.env_spec, self._policy_spec, self._store = (checked.env_spec, checked.policy_spec,
                                                          checked.store)
         self.observation_space, self.action_space = checked.observation_space, checked.action_space
+        self.env_specs = checked.env_specs
+        """Every env of the collection, by env index (``BatchHandle.env``)."""
         module = checked.module
         self.run = -1  # the run number in the store: registered last, once started
-        self._settings = run_settings(checked.env_spec.label, checked.observation_space,
+        self._settings = run_settings(env_labels(checked.env_specs), checked.observation_space,
                                       checked.action_space, cfg)
         self._resume = plan_resume(self._store, cfg.resume, self._settings)  # before workers
         # 2. The cluster.
@@ -157,7 +163,7 @@ class Collector:
             module, self._module = self._module, None
             assert module is not None
             self._run, self.run = await start_on_cluster(
-                self.client, self.config, self.env_spec, self._policy_spec, module, self._store,
+                self.client, self.config, self.env_specs, self._policy_spec, module, self._store,
                 self._plugin_name, self._id, self._weights, self._settings, self._resume)
         except BaseException:
             await self._aclose()

@@ -29,6 +29,8 @@ class PlannedBatch:
     frames: int
     steps: int
     random_steps: int
+    env: int = 0
+    """The env index the stream collects (``stream % num_envs``)."""
 
 
 class Planner:
@@ -37,13 +39,18 @@ class Planner:
     ``first_id`` is the run's first batch id (ids are unique across a store's runs);
     ``num_streams`` the number of env streams collected in parallel; ``done_frames`` the frames
     of ``total_frames`` a resumed run finds committed already (they are not planned again, and
-    ``init_random_frames`` counts them).
+    ``init_random_frames`` counts them); ``num_envs`` the envs of the collection (stream ``s``
+    collects env ``s % num_envs``).
     """
 
     def __init__(self, config: CollectorConfig, first_id: int, num_streams: int,
-                 done_frames: int = 0) -> None:
+                 done_frames: int = 0, num_envs: int = 1) -> None:
         if num_streams < 1:
             raise ConfigError(f"num_streams must be >= 1, got {num_streams}.")
+        if num_envs < 1 or num_streams % num_envs:
+            raise ConfigError(f"num_streams={num_streams} must be a multiple of "
+                              f"num_envs={num_envs} (>= 1): each env gets as many streams.")
+        self.num_envs = num_envs
         self.config = config
         self.first_id = first_id
         self.num_streams = num_streams
@@ -91,6 +98,7 @@ class Planner:
             frames=frames,
             steps=steps,
             random_steps=self.config.random_steps(self.frames_planned, steps),
+            env=stream % self.num_envs,
         )
         self._next_index += 1
         self._stream_last[stream] = batch_id

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from daskrl.config import CollectorConfig
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 MUST_AGREE = ("env", "observation_space", "action_space", "envs_per_worker", "frames_per_batch",
               "total_frames", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter",
-              "seed")
+              "seed", "wrappers")
 """Settings a resumed run must share with the run it resumes: they shape the data (what a
 batch holds, how long it is, how episodes end, what the frame budget is, where the seeds come
 from). The others (``num_workers``, ``sync``, ``compression``, timeouts, ...) may change."""
@@ -58,12 +58,16 @@ class Resume:
         return self.frames_left == 0
 
 
-def run_settings(env_label: str, observation_space: Any, action_space: Any,
+def run_settings(env_label: str | Sequence[str], observation_space: Any, action_space: Any,
                  cfg: CollectorConfig) -> dict[str, Any]:
-    """The ``settings`` of a run's record: the env, its spaces (as their ``repr``) and the
-    config's stored fields (``resume`` is not one: the record's ``resumes`` says it)."""
+    """The ``settings`` of a run's record: the env (its label; with several envs, the list of
+    labels), ``envs`` (the labels by env index, always a list), their spaces (as their
+    ``repr``) and the config's stored fields (``resume`` is not one: the record's ``resumes``
+    says it)."""
+    labels = [env_label] if isinstance(env_label, str) else list(env_label)
     stored = {k: v for k, v in cfg.as_dict().items() if k != "resume"}
-    return {"env": env_label, "observation_space": repr(observation_space),
+    return {"env": labels[0] if len(labels) == 1 else labels, "envs": labels,
+            "observation_space": repr(observation_space),
             "action_space": repr(action_space), **stored}
 
 

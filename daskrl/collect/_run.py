@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from distributed import Client, Future, as_completed
 
+from daskrl.collect._env_list import stream_count
 from daskrl.collect._handover import HandOver
 from daskrl.collect._planner import PlannedBatch, Planner
 from daskrl.collect._resume import Resume
@@ -34,8 +35,8 @@ class Run:
     def __init__(self, client: Client, config: CollectorConfig, plugin_name: str,
                  key_prefix: str, first_id: int, workers: Workers,
                  weights: WeightsPublisher, store: TrajectoryStore | None = None,
-                 resume: Resume | None = None) -> None:
-        num_streams = config.num_workers or len(workers.live)
+                 resume: Resume | None = None, num_envs: int = 1) -> None:
+        num_streams = stream_count(config.num_workers, len(workers.live), num_envs)
         live = sorted(workers.live)
         self.config = config
         self.workers = workers
@@ -43,7 +44,7 @@ class Run:
         self.resume = resume
         """What this run resumes (its committed frames are not planned again), or None."""
         self.planner = Planner(config, first_id, num_streams,
-                               resume.frames if resume is not None else 0)
+                               resume.frames if resume is not None else 0, num_envs=num_envs)
         self.handover = HandOver(config.max_policy_lag, store)
         self.supervisor = Supervisor(
             client, plugin_name, key_prefix, workers, weights,
@@ -85,7 +86,7 @@ class Run:
         task = BatchTask(batch_id=plan.batch_id, stream=plan.stream,
                          previous_batch_id=plan.previous_batch_id, steps=plan.steps,
                          random_steps=plan.random_steps, weights_version=version,
-                         weights=self.weights.ref(version))
+                         weights=self.weights.ref(version), env=plan.env)
         return self.supervisor.dispatch(task, supervised=supervised)
 
     async def submit(self, plan: PlannedBatch, supervised: bool = True) -> Future:

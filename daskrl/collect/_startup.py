@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,8 @@ __all__ = ["start_on_cluster"]
 logger = logging.getLogger(__name__)
 
 
-async def start_on_cluster(client: Client, cfg: CollectorConfig, env_spec: EnvSpec,
+async def start_on_cluster(client: Client, cfg: CollectorConfig,
+                           env_spec: EnvSpec | Sequence[EnvSpec],
                            policy: PolicySpec, module: torch.nn.Module, store: TrajectoryStore,
                            plugin_name: str, key_prefix: str, weights: WeightsPublisher,
                            settings: Mapping[str, Any] | None = None,
@@ -44,9 +45,10 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig, env_spec: EnvSp
     """Install the plugin on every worker, check them, and publish version 0 of ``module``;
     return the started :class:`Run` and the run number claimed in ``store`` (``settings``
     go in its record). A ``resume``'s frames are counted again just before planning; when none
-    are left, no run is claimed (-1)."""
+    are left, no run is claimed (-1). ``env_spec``: the env, or the envs by env index."""
+    envs = tuple(env_spec) if isinstance(env_spec, Sequence) else (env_spec,)
     await client.register_plugin(CollectorPlugin(
-        plugin_name, env_spec, policy, cfg, cfg.device, cfg.env_vars or {}, store.url,
+        plugin_name, envs, policy, cfg, cfg.device, cfg.env_vars or {}, store.url,
         store.storage_options, resumed=resume is not None,
     ), name=plugin_name)
     await acheck_versions(client)  # same torch, gymnasium, zarr, daskrl... everywhere
@@ -59,7 +61,7 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig, env_spec: EnvSp
     if resume is not None:  # what committed since the learner's first count counts too
         resume = dataclasses.replace(resume, frames=count_frames(store, resume.chain))
     run = Run(client, cfg, plugin_name, key_prefix, first_id, workers, weights, store,
-              resume=resume)
+              resume=resume, num_envs=len(envs))
     await _probe_store(client, store, plugin_name, key_prefix, workers, live)
     # Every worker builds the policy, picks its device and loads version 0 now, so a bad
     # device, policy or weights path fails here rather than in the first batch.
@@ -76,7 +78,7 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig, env_spec: EnvSp
                     "no limit" if resume.frames_left is None else resume.frames_left)
     # Claim a run number, last: a start that fails uses up none.
     if settings is None:
-        settings = {"env": env_spec.label, **cfg.as_dict()}
+        settings = {"env": envs[0].label, **cfg.as_dict()}
     number = store.register_run(settings, resumes=resume.run if resume is not None else None)
     assert first_id == number * BATCH_IDS_PER_RUN
     return run, number

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from daskrl.errors import BatchNotFoundError
+from daskrl.store._env_select import EnvFilter, env_matcher
 from daskrl.store._layout import run_of
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ def iter_episodes(
     complete_only: bool = True,
     device: torch.device | str | None = None,
     only_runs: Collection[int] | None = None,
+    env: EnvFilter = None,
 ) -> Iterator[Episode]:
     """Yield whole episodes, reassembled across the batches they span.
 
@@ -75,10 +77,15 @@ def iter_episodes(
         Device of the yielded tensors.
     only_runs
         Read only these runs' batches (an episode never spans runs); None: all.
+    env
+        Read only the batches of these envs (see :func:`daskrl.store._env_select.env_matcher`;
+        a stream's batches all come from one env); None: all.
     """
     need = None if keys is None else list(dict.fromkeys([*keys, *_EPISODE_KEYS, "step"]))
     drop_step = keys is not None and "step" not in keys
     runs = store.runs()
+    env_ok = env_matcher(env, lambda: runs)
+    records = store.records() if env_ok is not None else None  # one listing for both
     open_eps: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
     last_seen: dict[int, int] = {}
     dev = torch.device(device) if device is not None else None
@@ -100,7 +107,7 @@ def iter_episodes(
         return Episode(int(eid), data, bids, complete)
 
     current_run = None
-    for bid in store.batch_ids():
+    for bid in store.batch_ids() if records is None else list(records):
         if run_of(bid) != current_run:
             # No episode continues into another run (a resumed run starts its envs afresh):
             # those still open when their run's batches end were cut there.
@@ -110,6 +117,8 @@ def iter_episodes(
                 if not complete_only:
                     yield ep
         if only_runs is not None and run_of(bid) not in only_runs:
+            continue
+        if env_ok is not None and records is not None and not env_ok(records[bid]):
             continue
         try:
             batch = store.load(bid, keys=need)

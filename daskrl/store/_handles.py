@@ -61,6 +61,9 @@ class BatchHandle:
     needs_options: bool = False
     """The store was opened with ``storage_options`` (which the handle does not carry): load
     it through its store object."""
+    env: int = 0
+    """Index of the env the batch was collected from, in its run's ``settings["envs"]`` (0
+    unless the collection had several envs; ``store.handles(env=...)`` selects by it)."""
     _store_object: TrajectoryStore | None = dataclasses.field(default=None, repr=False,
                                                               compare=False)
     """The store object of the collector that handed the handle over (this process only)."""

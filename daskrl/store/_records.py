@@ -83,8 +83,8 @@ def check_commit_record(doc: dict[str, Any], batch_id: int, where: str) -> dict[
     bad = [k for k in _INT_FIELDS if not _int(attrs[k]) or attrs[k] < 0]
     bad += [k for k in _STR_FIELDS if not isinstance(attrs[k], str)]
     bad += [k for k in _OPTIONAL_NUMBERS if k in attrs and not _number(attrs[k])]
-    if "env_restarts" in attrs and not (_int(attrs["env_restarts"]) and attrs["env_restarts"] >= 0):
-        bad.append("env_restarts")
+    bad += [k for k in ("env_restarts", "env") if k in attrs and not (_int(attrs[k])
+                                                                      and attrs[k] >= 0)]
     shape = attrs.get("shape", [0, 0])
     if not (isinstance(shape, list) and len(shape) == 2 and all(_int(n) and n >= 0 for n in shape)):
         bad.append("shape")

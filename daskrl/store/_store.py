@@ -27,6 +27,7 @@ from daskrl.errors import BatchNotFoundError, UsageError
 from daskrl.store._backends import Backend, open_backend
 from daskrl.store._commits import CommitIndex
 from daskrl.store._documents import Documents
+from daskrl.store._env_select import EnvFilter, env_matcher
 from daskrl.store._episodes import Episode, iter_episodes
 from daskrl.store._format import ReadLimits
 from daskrl.store._handles import BatchHandle
@@ -217,16 +218,21 @@ class TrajectoryStore:
                                        ).with_store(self)
 
     def handles(
-        self, *, weights_version: VersionFilter = None, worker: str | Collection[str] | None = None
+        self, *, weights_version: VersionFilter = None, worker: str | Collection[str] | None = None,
+        env: EnvFilter = None,
     ) -> list[BatchHandle]:
         """Handles of the committed batches that match, by ascending batch id.
 
         ``weights_version``: a version, a collection of versions (e.g. ``range(5, 10)``), or a
-        predicate ``f(version) -> bool``; ``worker``: a worker address or a collection of them.
+        predicate ``f(version) -> bool``; ``worker``: a worker address or a collection of them;
+        ``env``: the env the batch came from, by index (``BatchHandle.env``) or by label as its
+        run's settings name it (``"CartPole-v1"``), or a collection of those.
         """
+        env_ok = env_matcher(env, self.runs)
         return [self._handle(rec) for rec in self.records().values()
                 if _matches(int(rec["weights_version"]), weights_version)
-                and _matches(str(rec["worker"]), worker)]
+                and _matches(str(rec["worker"]), worker)
+                and (env_ok is None or env_ok(rec))]
 
     # -- reading -------------------------------------------------------------------------------
     def load(
@@ -266,24 +272,29 @@ class TrajectoryStore:
         device: torch.device | str | None = None,
         weights_version: VersionFilter = None,
         worker: str | Collection[str] | None = None,
+        env: EnvFilter = None,
     ) -> Iterator[tuple[BatchHandle, dict[str, torch.Tensor]]]:
-        """Yield ``(handle, {key: tensor [T, E, ...]})`` of each matching batch, by id.
+        """Yield ``(handle, {key: tensor [T, E, ...]})`` of each matching batch, by id (the
+        filters as in :meth:`handles`).
 
         Batches deleted while iterating are skipped; a batch that is committed but cannot be
         read (its data missing or damaged) raises (:class:`~daskrl.BatchDataMissingError`,
         :class:`~daskrl.StoreFormatError`), it is never skipped silently.
         """
-        for h in self.handles(weights_version=weights_version, worker=worker):
+        for h in self.handles(weights_version=weights_version, worker=worker, env=env):
             try:
                 yield h, self.load(h.batch_id, device=device, keys=keys)
             except BatchNotFoundError:
                 continue
 
     def episodes(self, keys: Sequence[str] | None = None, *, complete_only: bool = True,
-                 device: torch.device | str | None = None) -> Iterator[Episode]:
+                 device: torch.device | str | None = None,
+                 env: EnvFilter = None) -> Iterator[Episode]:
         """Yield whole episodes, reassembled across the batches they span (see
-        :func:`daskrl.store._episodes.iter_episodes` for ``complete_only``)."""
-        return iter_episodes(self, keys, complete_only=complete_only, device=device)
+        :func:`daskrl.store._episodes.iter_episodes` for ``complete_only``); ``env``: only
+        those of the env(s) selected as in :meth:`handles` (a stream collects one env, so its
+        episodes stay whole)."""
+        return iter_episodes(self, keys, complete_only=complete_only, device=device, env=env)
 
     def array_names(self, path: str) -> list[str]:
         """Names of the arrays of the batch at ``path`` (a container or a 1.x group)."""

@@ -12,6 +12,8 @@ import numpy as np
 from gymnasium import spaces
 
 from daskrl.errors import ConfigError, EnvError
+from daskrl.worker._env_import import import_env_factory
+from daskrl.worker._wrappers import WrapperSpec, apply_wrappers
 
 __all__ = ["ENDLESS_EPISODE_STEPS", "EnvLike", "EnvSpec"]
 
@@ -37,14 +39,20 @@ class EnvSpec:
     """What a worker needs to build one environment."""
 
     env: EnvLike
-    """A registered gymnasium id, or a zero-argument factory returning a ``gymnasium.Env``."""
+    """A registered gymnasium id (``"module:Id"`` imports the module first), an import path
+    ``"module:factory"`` of a callable making the env, or a zero-argument factory returning a
+    ``gymnasium.Env``."""
     env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments for ``gymnasium.make`` (id form only)."""
+    """Keyword arguments for ``gymnasium.make`` (id form only; an imported
+    ``"module:factory"`` is called with them)."""
     max_episode_steps: int | None = None
     """Truncate episodes at this many steps (``gymnasium.wrappers.TimeLimit``)."""
     endless_episode_steps: int = ENDLESS_EPISODE_STEPS
     """An episode this long without an end is taken for an env that never ends one (an
     :class:`~daskrl.EnvError` at the end of the batch that reaches it)."""
+    wrappers: tuple[WrapperSpec, ...] = ()
+    """Applied in order to each env made, inside the ``max_episode_steps`` limit (see
+    :mod:`daskrl.worker._wrappers`)."""
 
     def __post_init__(self) -> None:
         limit = self.endless_episode_steps
@@ -79,9 +87,11 @@ class EnvSpec:
 
     def make(self) -> gym.Env:
         """Build one environment (raises :class:`EnvError` naming the env)."""
+        factory = import_env_factory(self.env) if isinstance(self.env, str) else None
         try:
             if isinstance(self.env, str):
-                env = gym.make(self.env, **dict(self.env_kwargs))
+                env = (gym.make(self.env, **dict(self.env_kwargs)) if factory is None
+                       else factory(**dict(self.env_kwargs)))
             else:
                 env = self.env()
         except AssertionError as e:
@@ -97,7 +107,8 @@ class EnvSpec:
         except gym.error.Error as e:
             raise EnvError(
                 f"could not make env {self.name}: {e} Check the id (registered ids: "
-                "gymnasium.pprint_registry()) and import the package that registers it."
+                "gymnasium.pprint_registry()) and import the package that registers it "
+                "('module:Id'), or name a callable making the env ('module:factory')."
             ) from e
         except TypeError as e:
             todo = (f" Check env_kwargs {sorted(self.env_kwargs)} (--env-kwargs): the env's "
@@ -116,6 +127,7 @@ class EnvSpec:
             raise EnvError(
                 f"env {self.name} built a {type(env).__name__}, expected a gymnasium.Env."
             )
+        env = apply_wrappers(env, self.wrappers, self.name)
         if self.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, max_episode_steps=self.max_episode_steps)
         return env

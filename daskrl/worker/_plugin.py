@@ -38,7 +38,7 @@ class CollectorPlugin(WorkerPlugin):
     def __init__(
         self,
         name: str,
-        env: EnvSpec,
+        env: EnvSpec | tuple[EnvSpec, ...],
         policy: PolicySpec,
         config: CollectorConfig,
         device: DeviceSetting,
@@ -51,7 +51,8 @@ class CollectorPlugin(WorkerPlugin):
         self.resumed = resumed
         """A resumed run (``resume=``): its streams' first envs seed as rebuilt envs do, from
         the batch id, so that they do not replay the env streams of the run it resumes."""
-        self.env = env
+        self.envs = tuple(env) if isinstance(env, tuple) else (env,)
+        """The collection's envs, by env index."""
         self.policy_spec = policy
         self.config = config
         self.device_setting = device
@@ -90,7 +91,7 @@ class CollectorPlugin(WorkerPlugin):
         return {stream: envset.last_batch_id for stream, envset in self.envsets.items()}
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("name", "env", "policy_spec", "config", "device_setting", "env_vars",
+        keep = ("name", "envs", "policy_spec", "config", "device_setting", "env_vars",
                 "store_url", "storage_options", "worker_name", "worker_address", "resumed")
         return {k: self.__dict__[k] for k in keep}
 
@@ -129,13 +130,19 @@ class CollectorPlugin(WorkerPlugin):
             self.weight_loads += 1
         return self.policy
 
+    @property
+    def env(self) -> EnvSpec:
+        """The first env (the only one, unless the collection has several)."""
+        return self.envs[0]
+
     def envset(self, stream: int, previous_batch_id: int | None, batch_id: int,
-               attempt: int = 0) -> EnvSet:
+               attempt: int = 0, env: int = 0) -> EnvSet:
         """The stream's envs, continuing from its previous batch where this worker has them.
 
         Envs left behind by a batch that is not the stream's previous one (the stream ran
         elsewhere meanwhile) are stale: they are replaced, seeded from this batch's id so that
-        no episode is repeated (so are a resumed run's first envs).
+        no episode is repeated (so are a resumed run's first envs). ``env``: the env index the
+        stream collects.
         """
         envset = self.envsets.get(stream)
         if envset is not None and envset.last_batch_id != previous_batch_id:
@@ -144,7 +151,7 @@ class CollectorPlugin(WorkerPlugin):
         if envset is None:
             fresh = previous_batch_id is None and attempt == 0 and not self.resumed
             restart = () if fresh else (batch_id, attempt)
-            envset = EnvSet(self.env, self.config.envs_per_worker, self.config.seed, stream,
+            envset = EnvSet(self.envs[env], self.config.envs_per_worker, self.config.seed, stream,
                             restart)
             self.envsets[stream] = envset
         return envset

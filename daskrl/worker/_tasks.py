@@ -43,6 +43,8 @@ class BatchTask:
     weights_version: int
     weights: WeightsRef
     """Where the weights version is (see :data:`~daskrl.worker._weights_cache.WeightsRef`)."""
+    env: int = 0
+    """The env index the stream collects (its entry of the collection's envs)."""
 
 
 def preload_weights(plugin_name: str, version: int, weights: WeightsRef) -> str:
@@ -121,7 +123,8 @@ def _collect_and_write(plugin: CollectorPlugin, worker: Worker,
         restarts = 0
         while True:
             torch.manual_seed(_seed_for(cfg.seed, task.batch_id))
-            envset = plugin.envset(task.stream, task.previous_batch_id, task.batch_id, restarts)
+            envset = plugin.envset(task.stream, task.previous_batch_id, task.batch_id, restarts,
+                                   env=task.env)
             try:
                 arrays, stats = envset.collect(
                     policy, device, task.steps, task.batch_id,
@@ -159,6 +162,7 @@ def _collect_and_write(plugin: CollectorPlugin, worker: Worker,
         shape=(task.steps, cfg.envs_per_worker),
         rollout_seconds=stats["rollout_seconds"],
         env_restarts=restarts,
+        env=task.env,
     )
     if running_task_cancelled(worker):
         # The learner cancelled this batch while it ran: its result would be thrown away, so
