@@ -87,7 +87,9 @@ class CollectorConfig:
     """Root of every env's and policy's random stream."""
     num_workers: int | None = dataclasses.field(default=None, metadata={
         "help": "batches collected in parallel (default: the cluster's worker count)"})
-    """Batches collected in parallel (default: the cluster's worker count)."""
+    """Batches collected in parallel (default: the cluster's worker count): the number of
+    streams. With several envs (``env=[...]``), a multiple of their number (default: the largest
+    multiple the cluster's workers allow)."""
     batches_in_flight: int = dataclasses.field(default=2, metadata={
         "help": "with sync off: batches queued or running per stream (backpressure)"})
     """``sync=False``: batches queued or running per stream. Two keep a worker busy while the

@@ -41,7 +41,8 @@ def test_a_misspelt_env_id(tmp_path):
     line = _one_error_line(_cli(*_collect(tmp_path, "--env", "CartPol-v1")))
     assert line == ("could not make env 'CartPol-v1': Environment `CartPol` doesn't exist. Did "
                     "you mean: `CartPole`? Check the id (registered ids: "
-                    "gymnasium.pprint_registry()) and import the package that registers it.")
+                    "gymnasium.pprint_registry()) and import the package that registers it "
+                    "('module:Id'), or name a callable making the env ('module:factory').")
     assert not (tmp_path / "s").exists()
 
 

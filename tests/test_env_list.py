@@ -62,6 +62,13 @@ def test_two_counting_envs_each_batch_is_its_envs(client, tmp_path):
         episodes = list(store.episodes(env=e))
         assert episodes and {ep.length for ep in episodes} == {length}
         assert {b for ep in episodes for b in ep.batch_ids} <= set(ids[e])
+    # A Minari dataset holds one env: a run of several is refused, naming it.
+    from daskrl.integrations.minari import export_minari
+
+    with pytest.raises(daskrl.ConfigError, match=re.escape(
+            f"run 0 of {store.url!r} collected several envs (['daskrl.testing.CountingEnv', ")):
+        export_minari(store, "counting/two-v0", data_path=tmp_path / "minari")
+    assert not (tmp_path / "minari").exists()
 
 
 @pytest.mark.timeout(300)

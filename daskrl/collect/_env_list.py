@@ -35,8 +35,16 @@ def env_specs(env: EnvLike | Sequence[EnvLike], cfg: CollectorConfig) -> tuple[E
             f"collects env s % {n}, so each env gets the same number of streams. Use "
             f"num_workers={lo} or {lo + n} (--workers), or leave it to the default.")
     wrappers = cfg.wrapper_specs
-    return tuple(EnvSpec(e, cfg.env_kwargs or {}, cfg.max_frames_per_traj, wrappers=wrappers)
-                 for e in entries)
+    specs = []
+    for i, e in enumerate(entries):
+        try:
+            specs.append(EnvSpec(e, cfg.env_kwargs or {}, cfg.max_frames_per_traj,
+                                 wrappers=wrappers))
+        except ConfigError as err:
+            if n == 1:
+                raise
+            raise ConfigError(f"env {i} of the list: {err}") from err
+    return tuple(specs)
 
 
 def _where(specs: Sequence[EnvSpec], i: int) -> str:

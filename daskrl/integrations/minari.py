@@ -244,6 +244,11 @@ def _select_runs(store: TrajectoryStore, runs: int | Collection[int] | None,
                               f"are {sorted(recorded)}.")
     settings = {r: dict(recorded[r].get("settings", {})) for r in wanted}
     envs = {r: s.get("env") for r, s in settings.items()}
+    several = sorted(r for r, env in envs.items() if isinstance(env, list))
+    if several:
+        raise ConfigError(
+            f"run {several[0]} of {store.url!r} collected several envs ({envs[several[0]]}); "
+            "a Minari dataset holds one env: export runs of one env.")
     if len(set(envs.values())) > 1:
         raise ConfigError(
             f"the runs of {store.url!r} collected different envs ({envs}); a Minari dataset "

@@ -44,6 +44,10 @@ def test_bad_lists_are_refused_before_anything_is_made():
             "each env gets the same number of streams. Use num_workers=2 or 4 (--workers)")):
         env_specs(["CartPole-v1", SHORT], CollectorConfig(num_workers=3))
     env_specs(["CartPole-v1", SHORT], CollectorConfig(num_workers=4))  # a multiple is fine
+    with pytest.raises(ConfigError, match=re.escape(
+            "env 1 of the list: env must be a gymnasium id (str) or a zero-argument factory "
+            "returning a gymnasium.Env, got list: ['CartPole-v1'].")):
+        env_specs(["CartPole-v1", ["CartPole-v1"]], CollectorConfig())
     env_specs("CartPole-v1", CollectorConfig(num_workers=3))  # one env: any number
 
 
