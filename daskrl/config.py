@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 from daskrl.errors import ConfigError
 from daskrl.worker._devices import DeviceSetting, check_device_setting
 from daskrl.worker._envs import check_env_vars
+from daskrl.worker._infos import check_info_keys
 
 __all__ = ["CollectorConfig", "CollectorOptions", "Compression", "check_seconds"]
 
@@ -151,6 +152,13 @@ class CollectorConfig:
     committed by that run (and the runs it resumed) count toward ``total_frames``; the other
     settings that shape the data must agree with the run's (see
     ``docs/integrations/resume.md``). ``True`` on a store with no run starts a new one."""
+    info_keys: tuple[str, ...] = dataclasses.field(default=(), metadata={
+        "help": "entries of the envs' info to store as per-step arrays info/KEY (and masks "
+                "info/_KEY); e.g. --info-keys lives is_success", "metavar": "KEY"})
+    """Entries of the envs' ``info`` to store as per-step arrays ``info/<key>`` ``[T, E, ...]``,
+    each with its mask ``info/_<key>`` (True where the env reported the key at that step); a
+    dict entry (``episode``) as ``info/<key>/<sub>``. Numeric entries of one fixed shape only
+    (:class:`~daskrl.EnvInfoError` otherwise). See ``docs/env-kinds.md``."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
@@ -201,6 +209,10 @@ class CollectorConfig:
             raise ConfigError(
                 f"compression must be one of {choices}, got {self.compression!r}."
             ) from None
+        try:
+            object.__setattr__(self, "info_keys", check_info_keys(self.info_keys))
+        except ValueError as e:
+            raise ConfigError(f"{e}.") from None
         if not isinstance(self.resume, int) or (not isinstance(self.resume, bool)
                                                 and self.resume < 0):
             raise ConfigError(f"resume must be True, False or a run number (an integer >= 0), "
@@ -235,6 +247,7 @@ class CollectorConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.name not in LEARNER_SIDE}
         d["compression"] = self.compression.value
+        d["info_keys"] = list(self.info_keys)
         return d
 
 
@@ -273,3 +286,4 @@ class CollectorOptions(TypedDict, total=False):
     call_timeout: float
     shared_memory: bool
     resume: bool | int
+    info_keys: Sequence[str]

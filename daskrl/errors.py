@@ -21,6 +21,7 @@ __all__ = [
     "DaskrlError",
     "DatasetIndexError",
     "EnvError",
+    "EnvInfoError",
     "ExportExistsError",
     "InternalError",
     "MetricsLoggerWarning",
@@ -198,3 +199,10 @@ class ExportExistsError(DaskrlError, FileExistsError):
 class MetricsLoggerWarning(RuntimeWarning):
     """A metrics logger given to a :class:`~daskrl.Collector` raised: the collector closed it
     (keeping what it had written) and sends it nothing more; the collection goes on."""
+
+
+class EnvInfoError(EnvError):
+    """An entry of the envs' ``info`` named in ``info_keys`` cannot be stored: no env reported
+    it, its shape varies between steps or envs, or it is not numeric. The message names the
+    key, and the env index and step where one is at fault; collecting again does not help
+    (``on_env_error="restart"`` does not retry it)."""

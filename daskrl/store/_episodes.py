@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from daskrl._nested import nest
 from daskrl.errors import BatchNotFoundError
 from daskrl.store._layout import run_of
 
@@ -26,8 +27,10 @@ class Episode:
     """One episode reassembled from the batches it spans, time-major ``[L, ...]``."""
 
     episode_id: int
-    data: dict[str, torch.Tensor]
-    """``{key: tensor [L, ...]}``, rows in the episode's order."""
+    data: dict[str, Any]
+    """``{key: tensor [L, ...]}``, rows in the episode's order (the arrays of a ``Dict`` or
+    ``Tuple`` space and of ``info`` nested, as :meth:`~daskrl.TrajectoryStore.load` gives
+    them)."""
     batch_ids: tuple[int, ...]
     """The batches it spans, in order."""
     complete: bool
@@ -97,7 +100,7 @@ def iter_episodes(
         if dev is not None:
             data = {k: v.to(dev) for k, v in data.items()}
         bids = tuple(dict.fromkeys(b for b, _ in pieces))
-        return Episode(int(eid), data, bids, complete)
+        return Episode(int(eid), nest(data), bids, complete)
 
     current_run = None
     for bid in store.batch_ids():
@@ -112,7 +115,7 @@ def iter_episodes(
         if only_runs is not None and run_of(bid) not in only_runs:
             continue
         try:
-            batch = store.load(bid, keys=need)
+            batch = store._load_flat(bid, keys=need)
         except BatchNotFoundError:
             continue
         eid = batch["episode_id"].numpy()

@@ -58,6 +58,10 @@ class BatchHandle:
     """Time the worker spent writing and committing the batch."""
     env_restarts: int = 0
     """Times the batch's envs were rebuilt after an env error (``on_env_error="restart"``)."""
+    episode_stats: tuple[tuple[float, int, float], ...] = ()
+    """``(r, l, t)`` of each episode that ``gymnasium.wrappers.RecordEpisodeStatistics`` reported
+    in this batch (its ``info["episode"]``: return, length, seconds), in the order they ended,
+    as :attr:`episode_returns`; empty when the env is not wrapped so."""
     needs_options: bool = False
     """The store was opened with ``storage_options`` (which the handle does not carry): load
     it through its store object."""
@@ -189,6 +193,7 @@ class BatchHandle:
         d["episode_returns"] = list(self.episode_returns)
         d["episode_lengths"] = list(self.episode_lengths)
         d["shape"] = list(self.shape)
+        d["episode_stats"] = [list(s) for s in self.episode_stats]
         return d
 
     @classmethod
@@ -201,4 +206,6 @@ class BatchHandle:
         kw["episode_returns"] = tuple(kw.get("episode_returns", ()))
         kw["episode_lengths"] = tuple(kw.get("episode_lengths", ()))
         kw["shape"] = tuple(kw.get("shape", (0, 0)))
+        kw["episode_stats"] = tuple((float(r), int(n), float(s))
+                                    for r, n, s in kw.get("episode_stats", ()))
         return cls(store=store, policy_lag=policy_lag, needs_options=needs_options, **kw)
