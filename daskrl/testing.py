@@ -75,6 +75,13 @@ class CountingEnv(gym.Env):
         return self._obs(), float(self.t), self.t >= self.length, False, {}
 
 
+def _first_tensor(obs: Any) -> torch.Tensor:
+    """The first tensor of an observation: itself, or the first leaf of a dict or tuple."""
+    while not isinstance(obs, torch.Tensor):
+        obs = next(iter(obs.values())) if isinstance(obs, dict) else obs[0]
+    return obs
+
+
 class TagPolicy(nn.Module):
     """Always action 0; reports its ``tag`` parameter as the extra output ``"tag"``.
 
@@ -86,10 +93,11 @@ class TagPolicy(nn.Module):
         super().__init__()
         self.tag = nn.Parameter(torch.zeros((), dtype=dtype))
 
-    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        n = obs.shape[0]
+    def forward(self, obs: Any) -> dict[str, torch.Tensor]:
+        first = _first_tensor(obs)  # obs may be a dict or tuple of tensors (a Dict space)
+        n = first.shape[0]
         return {
-            "action": torch.zeros(n, dtype=torch.int64, device=obs.device),
+            "action": torch.zeros(n, dtype=torch.int64, device=first.device),
             "tag": self.tag.detach().float().expand(n).clone(),
         }
 
@@ -250,6 +258,15 @@ class InfoCountingEnv(CountingEnv):
         return obs, r, term, trunc, info
 
 
+gym.register("GoalCounting-v0", entry_point="daskrl.testing:GoalCountingEnv", max_episode_steps=None)
+gym.register("TupleCounting-v0", entry_point="daskrl.testing:TupleCountingEnv",
+             max_episode_steps=None)
+gym.register("InfoCounting-v0", entry_point="daskrl.testing:InfoCountingEnv",
+             max_episode_steps=None)
+"""``daskrl collect --env daskrl.testing:GoalCounting-v0`` (a Dict observation space),
+``daskrl.testing:TupleCounting-v0``, ``daskrl.testing:InfoCounting-v0 --info-keys lives``."""
+
+
 def recorded_cartpole() -> gym.Env:
     """``CartPole-v1`` wrapped in ``gymnasium.wrappers.RecordEpisodeStatistics`` (an importable
     factory, for workers)."""
@@ -379,9 +396,7 @@ class SpacePolicy(nn.Module):
         self.box_scale = box_scale
 
     def forward(self, obs: Any) -> dict[str, Any]:
-        first = obs
-        while not isinstance(first, torch.Tensor):
-            first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+        first = _first_tensor(obs)
         return {"action": self._sample(self.action_space, first.shape[0], first.device)}
 
     def _sample(self, space: gym.Space, n: int, device: torch.device) -> Any:
@@ -439,6 +454,17 @@ class _Open:
     next_obs: np.ndarray
 
 
+def _rows(batch: dict[str, np.ndarray], key: str) -> np.ndarray:
+    """Array ``key`` of a batch; for a Dict or Tuple space (``key/...`` arrays), the bytes of
+    all its arrays per row ``[T, E, n]``, which compare equal exactly when every entry does."""
+    if key in batch:
+        return batch[key]
+    leaves = [a for n, a in sorted(batch.items()) if n.startswith(key + "/")]
+    T, E = leaves[0].shape[:2]
+    return np.concatenate([np.ascontiguousarray(a).reshape(T, E, -1).view(np.uint8)
+                           for a in leaves], axis=2)
+
+
 def check_episode_continuity(store: Any, max_problems: int = 20) -> ContinuityReport:
     """Check every episode of ``store`` is continuous; raise ``AssertionError`` listing the
     first ``max_problems`` breaks.
@@ -477,9 +503,9 @@ def check_episode_continuity(store: Any, max_problems: int = 20) -> ContinuityRe
         problems.append(msg)
 
     for bid in ids:
-        b = {k: v.numpy() for k, v in store.load(bid, keys=list(_CONTINUITY_KEYS)).items()}
+        b = {k: v.numpy() for k, v in store._load_flat(bid, keys=list(_CONTINUITY_KEYS)).items()}
         eid, step = b["episode_id"], b["step"]
-        obs, nxt = b["observation"], b["next_observation"]
+        obs, nxt = _rows(b, "observation"), _rows(b, "next_observation")
         done = b["terminated"] | b["truncated"]
         T, E = eid.shape[:2]
         shapes[bid] = (T, E)

@@ -85,6 +85,10 @@ class InfoRecorder:
         transition for some envs leaves them out).  ``done``: ``[E]`` bool, the envs whose
         episode ended at this step, whose ``episode`` entry (RecordEpisodeStatistics) goes to
         :attr:`episodes`.
+
+        A vector env in gymnasium's ``SAME_STEP`` autoreset mode reports an ended env's step in
+        ``info["final_info"]`` (``info`` itself holds its reset's): record ``info`` for the
+        other envs and ``info["final_info"]`` for the ended ones (``envs=``), with ``done``.
         """
         idx = np.arange(self.n_envs) if envs is None else np.asarray(envs, np.int64).reshape(-1)
         rows = np.broadcast_to(np.asarray(t, np.int64), (self.n_envs,))
@@ -189,7 +193,7 @@ class InfoRecorder:
             return
         entry = infos[key]
         columns = self._vector_columns(key, entry, int(present[0]), int(rows[present[0]]))
-        if any(a.dtype == object for a in columns.values()):  # per env: find the bad one
+        if any(a.dtype.kind not in "biuf" for a in columns.values()):  # find the bad env
             for i in present.tolist():
                 one = _tree_row(entry, i)
                 self._put(key, self._leaves(key, one, i, int(rows[i])), i, int(rows[i]))
