@@ -7,7 +7,7 @@ spawn-started Dask workers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -240,9 +240,13 @@ class InfoCountingEnv(CountingEnv):
     from step ``at`` of an episode on, counted per env.
     """
 
+    instances: ClassVar[int] = 0
+    """Envs of this class built in this process (to count rebuilds on a worker)."""
+
     def __init__(self, length: int = 5, fault: str | None = None, at: int = 3) -> None:
         super().__init__(length)
         self.fault, self.at = fault, at
+        InfoCountingEnv.instances += 1
 
     def step(self, action: Any):
         obs, r, term, trunc, _ = super().step(action)
