@@ -22,6 +22,7 @@ import daskrl
 from daskrl.testing import (
     GoalCountingEnv,
     SpacePolicy,
+    TagPolicy,
     TupleCountingEnv,
     check_episode_continuity,
 )
@@ -160,3 +161,26 @@ def test_cli_collects_a_dict_env_with_its_default_policy(tmp_path):
     assert torch.equal(b["next_observation"]["observation"],
                        b["observation"]["observation"] + torch.tensor([0.0, 1.0]))
     assert "Dict(" in s.runs()[0]["settings"]["observation_space"]
+
+
+def test_dict_observations_export_to_minari(client, tmp_path, monkeypatch):
+    minari = pytest.importorskip("minari")  # the daskrl[minari] extra (CI installs it)
+    from daskrl.integrations.minari import export_minari
+
+    url = str(tmp_path / "store")
+    with daskrl.Collector("daskrl.testing:GoalCounting-v0", TagPolicy(), url, client=client,
+                          envs_per_worker=2, frames_per_batch=12, total_frames=24,
+                          num_workers=1) as c:
+        list(c)
+    r = export_minari(url, "goal/daskrl-v0", data_path=tmp_path / "d")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "d"))
+    dataset = minari.load_dataset("goal/daskrl-v0")
+    episodes = list(daskrl.open_store(url).episodes())
+    assert r.episodes == dataset.total_episodes == len(episodes) == 4
+    for got, ep in zip(dataset.iterate_episodes(), episodes):
+        for key in ("observation", "achieved_goal", "desired_goal", "phase"):
+            want = torch.cat([ep.data["observation"][key],
+                              ep.data["next_observation"][key][-1:]]).numpy()
+            assert np.array_equal(got.observations[key], want), key
+        assert np.array_equal(got.actions, ep.data["action"].numpy())
+    assert dataset.spec.observation_space == GoalCountingEnv().observation_space

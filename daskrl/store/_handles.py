@@ -90,7 +90,7 @@ class BatchHandle:
     def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
              storage_options: Mapping[str, Any] | None = None, *,
              store: TrajectoryStore | None = None, as_tensordict: Literal[False] = False,
-             ) -> dict[str, torch.Tensor]: ...
+             ) -> dict[str, Any]: ...
 
     @overload
     def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
@@ -102,7 +102,7 @@ class BatchHandle:
     def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
              storage_options: Mapping[str, Any] | None = None, *,
              store: TrajectoryStore | None = None, as_tensordict: bool,
-             ) -> dict[str, torch.Tensor] | TensorDict: ...
+             ) -> dict[str, Any] | TensorDict: ...
 
     def load(
         self,
@@ -112,8 +112,13 @@ class BatchHandle:
         *,
         store: TrajectoryStore | None = None,
         as_tensordict: bool = False,
-    ) -> dict[str, torch.Tensor] | TensorDict:
+    ) -> dict[str, Any] | TensorDict:
         """Read the batch from the store as ``{key: tensor [T, E, ...]}`` on ``device``.
+
+        The arrays of a ``Dict`` or ``Tuple`` space and of ``info`` come nested:
+        ``batch["observation"]["desired_goal"]``, ``batch["observation"][0]`` (a tuple),
+        ``batch["info"]["lives"]``; ``keys`` may name such a group (``"observation"``,
+        ``"info"``) or one of its arrays (``"observation/desired_goal"``).
 
         ``store``: the store object to read through (e.g. ``collector.store``, or
         ``open_store(url, storage_options)``), required when the store needs
@@ -136,7 +141,7 @@ class BatchHandle:
 
     def _load(self, device: torch.device | str | None, keys: Sequence[str] | None,
               storage_options: Mapping[str, Any] | None, store: TrajectoryStore | None,
-              ) -> dict[str, torch.Tensor]:
+              ) -> dict[str, Any]:
         from daskrl.store._store import TrajectoryStore
 
         if store is None and storage_options is None:

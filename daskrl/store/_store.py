@@ -278,7 +278,7 @@ class TrajectoryStore:
         device: torch.device | str | None = None,
         weights_version: VersionFilter = None,
         worker: str | Collection[str] | None = None,
-    ) -> Iterator[tuple[BatchHandle, dict[str, torch.Tensor]]]:
+    ) -> Iterator[tuple[BatchHandle, dict[str, Any]]]:
         """Yield ``(handle, {key: tensor [T, E, ...]})`` of each matching batch, by id.
 
         Batches deleted while iterating are skipped; a batch that is committed but cannot be
