@@ -90,9 +90,12 @@ class InfoRecorder:
         ``info["final_info"]`` (``info`` itself holds its reset's): record ``info`` for the
         other envs and ``info["final_info"]`` for the ended ones (``envs=``), with ``done``.
         """
-        idx = np.arange(self.n_envs) if envs is None else np.asarray(envs, np.int64).reshape(-1)
-        rows = np.broadcast_to(np.asarray(t, np.int64), (self.n_envs,))
+        if not self.keys and (done is None or not done.any()):
+            return  # nothing to keep from this step (the common case: one check per step)
         if isinstance(infos, Mapping):
+            idx = (np.arange(self.n_envs) if envs is None
+                   else np.asarray(envs, np.int64).reshape(-1))
+            rows = np.broadcast_to(np.asarray(t, np.int64), (self.n_envs,))
             self._seen.update(k for k in infos if not k.startswith("_"))
             for key in self.keys:
                 if key in infos:
@@ -103,18 +106,22 @@ class InfoRecorder:
         if len(infos) != self.n_envs:
             raise EnvInfoError(f"{len(infos)} infos for {self.n_envs} envs (batch "
                                f"{self.batch_id}, env {self.env_name}): pass one per env.")
-        for i in idx.tolist():
-            info = infos[i]
-            if not info:
-                continue
-            self._seen.update(info)
-            for key in self.keys:
-                if key in info:
-                    self._put(key, self._leaves(key, info[key], i, int(rows[i])), i,
-                              int(rows[i]))
+        which = range(self.n_envs) if envs is None else [int(i) for i in envs]
+        row = (np.broadcast_to(np.asarray(t, np.int64), (self.n_envs,)).tolist()
+               if isinstance(t, np.ndarray) else [int(t)] * self.n_envs)
+        if self.keys:
+            for i in which:
+                info = infos[i]
+                if not info:
+                    continue
+                self._seen.update(info)
+                for key in self.keys:
+                    if key in info:
+                        self._put(key, self._leaves(key, info[key], i, row[i]), i, row[i])
         if done is not None:
-            for i in idx[done[idx]].tolist():
-                self._episode(infos[i].get(EPISODE_KEY), infos[i], i, int(rows[i]))
+            for i in which:
+                if done[i]:
+                    self._episode(infos[i].get(EPISODE_KEY), infos[i], i, row[i])
 
     def _leaves(self, key: str, value: Any, i: int, t: int, sub: str = "",
                 depth: int = 2) -> dict[str, np.ndarray]:

@@ -40,7 +40,8 @@ def split_policy_output(out: Any) -> tuple[Any, dict[str, torch.Tensor]]:
         extras = {}
         for k, v in out.items():
             if k == "action":
-                if not all(isinstance(x, torch.Tensor) for x in iter_leaves(v)):
+                if not isinstance(v, torch.Tensor) and not all(
+                        isinstance(x, torch.Tensor) for x in iter_leaves(v)):
                     raise PolicyError(f"policy output 'action' is {describe(v)}, expected a "
                                       "tensor (or, for a Dict or Tuple action space, a dict or "
                                       "tuple of tensors).")

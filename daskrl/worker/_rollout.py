@@ -321,10 +321,10 @@ class EnvSet:
     def _env_actions(self, actions: list[np.ndarray]) -> list[Any]:
         """Per-env actions for ``env.step`` from the leaves' ``[E, ...]`` arrays: Box clipped
         to bounds, Discrete as Python ints; a dict or tuple of them for a Dict or Tuple space."""
+        if not self.act_layout.structured:
+            return _leaf_actions(self.act_space, actions[0])
         per_leaf = [_leaf_actions(leaf.space, a)
                     for leaf, a in zip(self.act_layout.leaves, actions)]
-        if not self.act_layout.structured:
-            return per_leaf[0]
         return [self.act_layout.join([p[i] for p in per_leaf]) for i in range(self.n_envs)]
 
     def _check_finite(self, out: dict[str, np.ndarray], batch_id: int) -> None:
