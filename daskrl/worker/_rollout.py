@@ -278,11 +278,11 @@ class EnvSet:
                    where: str) -> None:
         arr = np.asarray(obs)
         if arr.shape != leaf.shape or arr.dtype.kind not in "biuf":
-            what = (f"an observation whose {leaf.label('observation')}" if leaf.path
-                    else "an observation")
+            what = (f"an observation whose {leaf.label('observation')} has" if leaf.path
+                    else "an observation of")
             space = f" ({leaf.label('observation')}: {leaf.space!r})" if leaf.path else ""
             raise EnvError(
-                f"env {self.spec.name} (env index {i}) returned from {where} {what} has "
+                f"env {self.spec.name} (env index {i}) returned from {where} {what} "
                 f"shape {arr.shape} and dtype {arr.dtype} at step {t} of batch {batch_id}; its "
                 f"observation space {self.obs_space!r}{space} says shape {leaf.shape}, dtype "
                 f"{leaf.dtype}. Fix the env or its observation_space."
