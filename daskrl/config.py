@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 from daskrl.errors import ConfigError
 from daskrl.worker._devices import DeviceSetting, check_device_setting
 from daskrl.worker._envs import check_env_vars
+from daskrl.worker._infos import check_info_keys
 from daskrl.worker._wrappers import WrapperSpec, parse_wrappers
 
 __all__ = ["CollectorConfig", "CollectorOptions", "Compression", "check_seconds"]
@@ -161,6 +162,13 @@ class CollectorConfig:
     ``"package.module.Wrapper:KEY=VALUE,..."`` with Python literals as values, e.g.
     ``"gymnasium.wrappers.FrameStackObservation:stack_size=4"`` (``docs/env-kinds.md``,
     "Wrappers"). Stored with the run, in canonical form."""
+    info_keys: tuple[str, ...] = dataclasses.field(default=(), metadata={
+        "help": "entries of the envs' info to store as per-step arrays info/KEY (and masks "
+                "info/_KEY); e.g. --info-keys lives is_success", "metavar": "KEY"})
+    """Entries of the envs' ``info`` to store as per-step arrays ``info/<key>`` ``[T, E, ...]``,
+    each with its mask ``info/_<key>`` (True where the env reported the key at that step); a
+    dict entry (``episode``) as ``info/<key>/<sub>``. Numeric entries of one fixed shape only
+    (:class:`~daskrl.EnvInfoError` otherwise). See ``docs/env-kinds.md``."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
@@ -213,6 +221,10 @@ class CollectorConfig:
             ) from None
         object.__setattr__(self, "wrappers",
                            tuple(w.text for w in parse_wrappers(self.wrappers)))
+        try:
+            object.__setattr__(self, "info_keys", check_info_keys(self.info_keys))
+        except ValueError as e:
+            raise ConfigError(f"{e}.") from None
         if not isinstance(self.resume, int) or (not isinstance(self.resume, bool)
                                                 and self.resume < 0):
             raise ConfigError(f"resume must be True, False or a run number (an integer >= 0), "
@@ -253,6 +265,7 @@ class CollectorConfig:
              if f.name not in LEARNER_SIDE}
         d["compression"] = self.compression.value
         d["wrappers"] = list(self.wrappers)
+        d["info_keys"] = list(self.info_keys)
         return d
 
 
@@ -292,3 +305,4 @@ class CollectorOptions(TypedDict, total=False):
     shared_memory: bool
     resume: bool | int
     wrappers: tuple[str, ...] | list[str] | str
+    info_keys: Sequence[str]

@@ -21,6 +21,7 @@ __all__ = [
     "DaskrlError",
     "DatasetIndexError",
     "EnvError",
+    "EnvInfoError",
     "EnvSpacesMismatchError",
     "ExportExistsError",
     "InternalError",
@@ -210,3 +211,10 @@ class WrapperError(ConfigError):
 class EnvSpacesMismatchError(ConfigError):
     """The envs of one collection (``env=[...]``, ``--env`` given several times) do not all
     have the same observation and action spaces; the message names two that differ."""
+
+
+class EnvInfoError(EnvError):
+    """An entry of the envs' ``info`` named in ``info_keys`` cannot be stored: no env reported
+    it, its shape varies between steps or envs, or it is not numeric. The message names the
+    key, and the env index and step where one is at fault; collecting again does not help
+    (``on_env_error="restart"`` does not retry it)."""

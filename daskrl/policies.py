@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -11,15 +12,20 @@ from gymnasium import spaces
 from torch import nn
 
 from daskrl.errors import ConfigError
+from daskrl.worker._spaces import SpaceLayout, check_space
 
 __all__ = ["MLPPolicy"]
 
 
 class MLPPolicy(nn.Module):
-    """A stochastic MLP policy for flat ``Box`` observations and ``Discrete``/``Box`` actions.
+    """A stochastic MLP policy for ``Box`` observations and ``Discrete``/``Box`` actions.
 
     Returns ``{"action", "log_prob"}``: a categorical sample for ``Discrete`` actions, a
     Gaussian sample around ``tanh``-scaled means for ``Box`` actions (the env clips to bounds).
+    A ``Dict`` or ``Tuple`` observation space is flattened: each entry (a ``Discrete`` one as
+    its index) as floats, concatenated in the space's order, found by key (so a loaded batch's
+    ``batch["observation"]``, whatever its key order, gives the same input).  For anything
+    better (an encoder per entry, embeddings of discrete entries), write a policy.
     """
 
     center: torch.Tensor
@@ -29,9 +35,21 @@ class MLPPolicy(nn.Module):
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  hidden: tuple[int, ...] = (64, 64)) -> None:
         super().__init__()
-        if not isinstance(observation_space, spaces.Box):
-            raise ConfigError(f"MLPPolicy needs a Box observation space, got {observation_space!r}.")
-        n_in = int(np.prod(observation_space.shape))
+        self.obs_paths: list[tuple[str | int, ...]] | None = None
+        if isinstance(observation_space, (spaces.Dict, spaces.Tuple)):
+            try:
+                check_space("(MLPPolicy)", "observation", observation_space)
+            except ConfigError as e:
+                raise ConfigError(f"MLPPolicy cannot flatten this space: {e}") from None
+            leaves = SpaceLayout(observation_space).leaves
+            self.obs_paths = [tuple(int(p) if p.isdigit() else p for p in leaf.path.split("/"))
+                              for leaf in leaves]
+            n_in = sum(int(np.prod(leaf.shape)) for leaf in leaves)
+        elif isinstance(observation_space, spaces.Box):
+            n_in = int(np.prod(observation_space.shape))
+        else:
+            raise ConfigError(f"MLPPolicy needs a Box observation space, or a Dict or Tuple "
+                              f"space of Box (and Discrete) entries, got {observation_space!r}.")
         if isinstance(action_space, spaces.Discrete):
             n_out = int(action_space.n)
             self.discrete = True
@@ -55,8 +73,18 @@ class MLPPolicy(nn.Module):
             self.log_std = nn.Parameter(torch.full((n_out,), math.log(0.5)))
         self.start = int(getattr(action_space, "start", 0))
 
-    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        x = self.net(obs.flatten(1).float())
+    def forward(self, obs: Any) -> dict[str, torch.Tensor]:
+        if self.obs_paths is not None:
+            parts = []
+            for path in self.obs_paths:
+                leaf = obs
+                for p in path:
+                    leaf = leaf[p]
+                parts.append(leaf.reshape(leaf.shape[0], -1).float())
+            flat = torch.cat(parts, 1)
+        else:
+            flat = obs.flatten(1).float()
+        x = self.net(flat)
         if self.discrete:
             categorical = torch.distributions.Categorical(logits=x)
             action = categorical.sample()

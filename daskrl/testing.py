@@ -7,7 +7,7 @@ spawn-started Dask workers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -22,10 +22,15 @@ __all__ = [
     "EnvVarEnv",
     "EnvVarPolicy",
     "FaultyEnv",
+    "GoalCountingEnv",
+    "InfoCountingEnv",
     "NoisePolicy",
     "SlowEnv",
+    "SpacePolicy",
     "TagPolicy",
+    "TupleCountingEnv",
     "check_episode_continuity",
+    "recorded_cartpole",
     "worker_weights",
 ]
 
@@ -70,6 +75,13 @@ class CountingEnv(gym.Env):
         return self._obs(), float(self.t), self.t >= self.length, False, {}
 
 
+def _first_tensor(obs: Any) -> torch.Tensor:
+    """The first tensor of an observation: itself, or the first leaf of a dict or tuple."""
+    while not isinstance(obs, torch.Tensor):
+        obs = next(iter(obs.values())) if isinstance(obs, dict) else obs[0]
+    return obs
+
+
 class TagPolicy(nn.Module):
     """Always action 0; reports its ``tag`` parameter as the extra output ``"tag"``.
 
@@ -81,10 +93,11 @@ class TagPolicy(nn.Module):
         super().__init__()
         self.tag = nn.Parameter(torch.zeros((), dtype=dtype))
 
-    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        n = obs.shape[0]
+    def forward(self, obs: Any) -> dict[str, torch.Tensor]:
+        first = _first_tensor(obs)  # obs may be a dict or tuple of tensors (a Dict space)
+        n = first.shape[0]
         return {
-            "action": torch.zeros(n, dtype=torch.int64, device=obs.device),
+            "action": torch.zeros(n, dtype=torch.int64, device=first.device),
             "tag": self.tag.detach().float().expand(n).clone(),
         }
 
@@ -119,6 +132,149 @@ class EnvVarEnv(CountingEnv):
 
 
 gym.register("Counting-v0", entry_point="daskrl.testing:CountingEnv", max_episode_steps=None)
+
+
+class GoalCountingEnv(gym.Env):
+    """A goal-conditioned :class:`CountingEnv` with a ``Dict`` observation space, as gymnasium's
+    robotics envs have it: ``{"observation": [episode, t], "achieved_goal": [t],
+    "desired_goal": [length], "phase": t}`` (``phase`` a ``Discrete``); reward ``t + 1``;
+    terminates when the achieved goal reaches the desired one (after ``length`` steps).
+
+    ``dict_actions=True``: the action space is ``Dict({"step": Discrete(2), "force": Box(-1, 1,
+    (2,))})`` and the observation also holds ``"last_force"``, the force the env received
+    (clipped to the bounds), so a stored ``action`` can be checked against the
+    ``next_observation`` it led to.  Every stored transition satisfies ``next["observation"]
+    == observation["observation"] + [0, 1]``.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, length: int = 5, dict_actions: bool = False) -> None:
+        self.length = length
+        self.dict_actions = dict_actions
+        entries: dict[str, gym.Space] = {
+            "observation": spaces.Box(-np.inf, np.inf, (2,), np.float32),
+            "achieved_goal": spaces.Box(-np.inf, np.inf, (1,), np.float32),
+            "desired_goal": spaces.Box(-np.inf, np.inf, (1,), np.float32),
+            "phase": spaces.Discrete(length + 1),
+        }
+        if dict_actions:
+            entries["last_force"] = spaces.Box(-1.0, 1.0, (2,), np.float32)
+            self.action_space = spaces.Dict({"step": spaces.Discrete(2),
+                                             "force": spaces.Box(-1.0, 1.0, (2,), np.float32)})
+        else:
+            self.action_space = spaces.Discrete(2)
+        self.observation_space = spaces.Dict(entries)
+        self.episode = -1
+        self.t = 0
+        self.force = np.zeros(2, np.float32)
+
+    def _obs(self) -> dict[str, Any]:
+        obs: dict[str, Any] = {
+            "observation": np.array([self.episode, self.t], np.float32),
+            "achieved_goal": np.array([self.t], np.float32),
+            "desired_goal": np.array([self.length], np.float32),
+            "phase": self.t,
+        }
+        if self.dict_actions:
+            obs["last_force"] = self.force.copy()
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        self.force = np.zeros(2, np.float32)
+        return self._obs(), {}
+
+    def step(self, action: Any):
+        if self.dict_actions:
+            if not self.action_space.contains(action):
+                raise ValueError(f"action {action!r} is not in {self.action_space!r}")
+            self.force = np.asarray(action["force"], np.float32)
+        self.t += 1
+        return self._obs(), float(self.t), self.t >= self.length, False, {}
+
+
+class TupleCountingEnv(gym.Env):
+    """A :class:`CountingEnv` with a ``Tuple`` observation space: ``([episode, t], t,
+    bits)`` (a ``Box``, a ``Discrete`` and the ``MultiBinary(3)`` low bits of ``t``), and a
+    ``Tuple`` action space ``(Discrete(2), Box(-1, 1, (1,)))``; reward ``t + 1``; terminates
+    after ``length`` steps."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, length: int = 5) -> None:
+        self.length = length
+        self.observation_space = spaces.Tuple((
+            spaces.Box(-np.inf, np.inf, (2,), np.float32), spaces.Discrete(length + 1),
+            spaces.MultiBinary(3)))
+        self.action_space = spaces.Tuple((spaces.Discrete(2),
+                                          spaces.Box(-1.0, 1.0, (1,), np.float32)))
+        self.episode = -1
+        self.t = 0
+
+    def _obs(self) -> tuple[Any, ...]:
+        bits = np.array([(self.t >> b) & 1 for b in range(3)], np.int8)
+        return np.array([self.episode, self.t], np.float32), self.t, bits
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} is not in {self.action_space!r}")
+        self.t += 1
+        return self._obs(), float(self.t), self.t >= self.length, False, {}
+
+
+class InfoCountingEnv(CountingEnv):
+    """A :class:`CountingEnv` that reports in its ``info``: ``lives`` (``length - t``) at
+    every step, ``pos`` (``[episode, t]``, float32) at every step, and ``is_success`` (True)
+    at the step it terminates only.
+
+    ``fault="ragged"`` (``pos`` gets a third entry) or ``"string"`` (``lives`` is a string)
+    from step ``at`` of an episode on, counted per env.
+    """
+
+    instances: ClassVar[int] = 0
+    """Envs of this class built in this process (to count rebuilds on a worker)."""
+
+    def __init__(self, length: int = 5, fault: str | None = None, at: int = 3) -> None:
+        super().__init__(length)
+        self.fault, self.at = fault, at
+        InfoCountingEnv.instances += 1
+
+    def step(self, action: Any):
+        obs, r, term, trunc, _ = super().step(action)
+        info: dict[str, Any] = {"lives": self.length - self.t,
+                                "pos": np.array([self.episode, self.t], np.float32)}
+        if term:
+            info["is_success"] = True
+        if self.fault is not None and self.t >= self.at:
+            if self.fault == "ragged":
+                info["pos"] = np.array([self.episode, self.t, 0], np.float32)
+            elif self.fault == "string":
+                info["lives"] = "many"
+        return obs, r, term, trunc, info
+
+
+gym.register("GoalCounting-v0", entry_point="daskrl.testing:GoalCountingEnv", max_episode_steps=None)
+gym.register("TupleCounting-v0", entry_point="daskrl.testing:TupleCountingEnv",
+             max_episode_steps=None)
+gym.register("InfoCounting-v0", entry_point="daskrl.testing:InfoCountingEnv",
+             max_episode_steps=None)
+"""``daskrl collect --env daskrl.testing:GoalCounting-v0`` (a Dict observation space),
+``daskrl.testing:TupleCounting-v0``, ``daskrl.testing:InfoCounting-v0 --info-keys lives``."""
+
+
+def recorded_cartpole() -> gym.Env:
+    """``CartPole-v1`` wrapped in ``gymnasium.wrappers.RecordEpisodeStatistics`` (an importable
+    factory, for workers)."""
+    return gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))
 
 
 def worker_weights(client: Any, collector: Any) -> dict[str, dict[str, bytes]]:
@@ -232,6 +388,37 @@ class EnvVarPolicy(TagPolicy):
         return super().forward(obs)
 
 
+class SpacePolicy(nn.Module):
+    """Random actions of any supported action space, nested for a ``Dict`` or ``Tuple`` one:
+    integers in range for ``Discrete``/``MultiDiscrete``/``MultiBinary`` entries, and for a
+    ``Box`` normal samples of scale ``box_scale`` (so that some fall outside bounds of +-1,
+    which the env receives clipped).  Works on any observation, nested or not."""
+
+    def __init__(self, action_space: gym.Space, box_scale: float = 2.0) -> None:
+        super().__init__()
+        self.action_space = action_space
+        self.box_scale = box_scale
+
+    def forward(self, obs: Any) -> dict[str, Any]:
+        first = _first_tensor(obs)
+        return {"action": self._sample(self.action_space, first.shape[0], first.device)}
+
+    def _sample(self, space: gym.Space, n: int, device: torch.device) -> Any:
+        if isinstance(space, spaces.Dict):
+            return {k: self._sample(s, n, device) for k, s in space.spaces.items()}
+        if isinstance(space, spaces.Tuple):
+            return tuple(self._sample(s, n, device) for s in space.spaces)
+        if isinstance(space, spaces.Discrete):
+            return torch.randint(int(space.n), (n,), device=device) + int(space.start)
+        if isinstance(space, spaces.MultiDiscrete):
+            nvec = torch.as_tensor(space.nvec, device=device)
+            return (torch.rand(n, *space.shape, device=device) * nvec).long() + torch.as_tensor(
+                space.start, device=device)
+        if isinstance(space, spaces.MultiBinary):
+            return torch.randint(2, (n, *space.shape), device=device, dtype=torch.int8)
+        return torch.randn(n, *space.shape, device=device) * self.box_scale  # type: ignore[misc]
+
+
 class NoisePolicy(nn.Module):
     """Action 0, plus an extra output ``"noise"`` of ``width`` incompressible floats per env."""
 
@@ -269,6 +456,17 @@ class _Open:
     env: int
     step: int
     next_obs: np.ndarray
+
+
+def _rows(batch: dict[str, np.ndarray], key: str) -> np.ndarray:
+    """Array ``key`` of a batch; for a Dict or Tuple space (``key/...`` arrays), the bytes of
+    all its arrays per row ``[T, E, n]``, which compare equal exactly when every entry does."""
+    if key in batch:
+        return batch[key]
+    leaves = [a for n, a in sorted(batch.items()) if n.startswith(key + "/")]
+    T, E = leaves[0].shape[:2]
+    return np.concatenate([np.ascontiguousarray(a).reshape(T, E, -1).view(np.uint8)
+                           for a in leaves], axis=2)
 
 
 def check_episode_continuity(store: Any, max_problems: int = 20) -> ContinuityReport:
@@ -309,9 +507,9 @@ def check_episode_continuity(store: Any, max_problems: int = 20) -> ContinuityRe
         problems.append(msg)
 
     for bid in ids:
-        b = {k: v.numpy() for k, v in store.load(bid, keys=list(_CONTINUITY_KEYS)).items()}
+        b = {k: v.numpy() for k, v in store._load_flat(bid, keys=list(_CONTINUITY_KEYS)).items()}
         eid, step = b["episode_id"], b["step"]
-        obs, nxt = b["observation"], b["next_observation"]
+        obs, nxt = _rows(b, "observation"), _rows(b, "next_observation")
         done = b["terminated"] | b["truncated"]
         T, E = eid.shape[:2]
         shapes[bid] = (T, E)

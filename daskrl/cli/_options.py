@@ -3,7 +3,8 @@
 One flag per config field (except those marked ``metadata["flag"] == "by hand"``, whose flags
 the command defines itself, e.g. ``--env-var NAME=VALUE`` for ``env_vars``): its name from the field's (``--frames-per-batch``), its type and
 choices from the annotation (an enum's values, a ``Literal``'s members; a ``bool | int``
-field is a switch with an optional number, ``--resume [RUN]``), its default from the
+field is a switch with an optional number, ``--resume [RUN]``; a ``tuple[str, ...]`` field
+takes one or more values, ``--info-keys KEY [KEY ...]``), its default from the
 field and its help from the field's ``metadata["help"]``. Nothing here repeats a default, so a
 new config field gets its flag, and a changed default reaches the command line, by itself.
 """
@@ -80,6 +81,10 @@ def _kwargs(f: dataclasses.Field[Any], annotation: Any, flag: str) -> dict[str, 
             return {"action": "store_false", "default": True,
                     "help": f"{help_text} (default: on; {flag} turns it off)"}
         return {"action": "store_true", "default": False, "help": f"{help_text} (default: off)"}
+    if typing.get_origin(annotation) is tuple and typing.get_args(annotation) == (str, ...):
+        return {"nargs": "+", "default": default, "type": str,
+                "metavar": f.metadata.get("metavar", "NAME"),
+                "help": f"{help_text} (default: {' '.join(default) or 'none'})"}
     kwargs: dict[str, Any] = {"default": default}
     parse: Callable[[str], Any]
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):

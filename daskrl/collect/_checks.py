@@ -17,7 +17,13 @@ from daskrl.errors import PolicyError, StoreError
 from daskrl.store._store import TrajectoryStore, check_store_options, normalize_url
 from daskrl.weights._snapshot import PolicyLike, PolicySpec, policy_spec, resolve_policy
 from daskrl.worker._envs import EnvLike, EnvSpec
-from daskrl.worker._policy_output import check_action, check_extras, split_policy_output
+from daskrl.worker._policy_output import (
+    check_action,
+    check_extras,
+    describe,
+    split_policy_output,
+)
+from daskrl.worker._spaces import SpaceLayout
 
 __all__ = ["Checked", "check_on_learner", "check_policy_output", "check_probe"]
 
@@ -68,14 +74,18 @@ def check_policy_output(
 ) -> None:
     """Run the learner's policy on ``n_envs`` sample observations; check the action fits and
     the extra outputs can be stored (names, envs first), before any worker runs it."""
-    obs = np.stack([obs_space.sample() for _ in range(n_envs)])
+    layout = SpaceLayout(obs_space)  # a Dict or Tuple space: a dict or tuple of tensors
+    samples = [layout.split(obs_space.sample()) for _ in range(n_envs)]
+    device = _policy_device(module)
+    obs = layout.join([torch.as_tensor(np.stack([s[j] for s in samples]), device=device)
+                       for j in range(len(layout.leaves))])
     try:
         with torch.inference_mode():
-            out = module(torch.as_tensor(obs, device=_policy_device(module)))
+            out = module(obs)
     except Exception as e:
         raise PolicyError(
             f"the policy raised on a batch of {n_envs} sample observations of env {env.name} "
-            f"(tensor {tuple(obs.shape)} {obs.dtype}): {type(e).__name__}: {e}"
+            f"({describe(obs)}): {type(e).__name__}: {e}"
         ) from e
     action, extras = split_policy_output(out)
     check_action(action, act_space, n_envs, env.name)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from daskrl._nested import iter_leaves, tree_map
 from daskrl.errors import ConfigError, ExportExistsError, MissingDependencyError
 from daskrl.store._episodes import iter_episodes
 from daskrl.store._layout import run_of
@@ -322,7 +323,9 @@ def _buffers(store: TrajectoryStore, settings: Mapping[int, Any], cut: CutEpisod
         if not ep.complete and cut == "drop":
             counts["drop"] += 1
             continue
-        d = {k: ep.data[k].numpy() for k in (*_KEYS, "terminated", "truncated")}
+        # nested (dicts, tuples) for Dict and Tuple spaces, as Minari takes them too
+        d = {k: tree_map(lambda v: v.numpy(), ep.data[k])
+             for k in (*_KEYS, "terminated", "truncated")}
         if not checked:
             _check_fits(d, obs_space, act_space)
             checked = True
@@ -331,7 +334,7 @@ def _buffers(store: TrajectoryStore, settings: Mapping[int, Any], cut: CutEpisod
             counts["truncate"] += 1
             truncations[-1] = True
         buffer = EpisodeBuffer(
-            observations=np.concatenate([d["observation"], d["next_observation"][-1:]]),
+            observations=_with_last(d["observation"], d["next_observation"]),
             actions=d["action"], rewards=d["reward"], terminations=d["terminated"],
             truncations=truncations, infos={})
         meta = {"daskrl_episode_id": ep.episode_id, "daskrl_run": run_of(ep.batch_ids[0]),
@@ -340,16 +343,36 @@ def _buffers(store: TrajectoryStore, settings: Mapping[int, Any], cut: CutEpisod
         yield buffer, meta
 
 
-def _check_fits(d: Mapping[str, np.ndarray], obs_space: gym.Space, act_space: gym.Space,
+def _with_last(obs: Any, nxt: Any) -> Any:
+    """An episode's observations and its last ``next_observation`` (leaf by leaf)."""
+    if isinstance(obs, Mapping):
+        return {k: _with_last(v, nxt[k]) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_with_last(v, n) for v, n in zip(obs, nxt))
+    return np.concatenate([obs, nxt[-1:]])
+
+
+def _check_fits(d: Mapping[str, Any], obs_space: gym.Space, act_space: gym.Space,
                 ) -> None:
-    obs, act = d["observation"], d["action"]
+    from daskrl.worker._spaces import SpaceLayout
+
     problems = []
-    if obs.shape[1:] != obs_space.shape or obs.dtype != obs_space.dtype:
-        problems.append(f"observations {obs.dtype}{list(obs.shape[1:])} vs the observation "
-                        f"space {obs_space}")
-    if act.shape[1:] != act_space.shape:
-        problems.append(f"actions {act.dtype}{list(act.shape[1:])} vs the action space "
-                        f"{act_space}")
+    for what, data, space in (("observations", d["observation"], obs_space),
+                              ("actions", d["action"], act_space)):
+        layout = SpaceLayout(space)
+        try:
+            parts = layout.split(data)
+        except ValueError:
+            problems.append(f"{what} {type(data).__name__} vs the space {space}")
+            continue
+        for leaf, a in zip(layout.leaves, parts):
+            if not isinstance(a, np.ndarray):
+                problems.append(f"{what} {type(a).__name__} vs the space {space}")
+            elif a.shape[1:] != leaf.shape or (what == "observations" and a.dtype != leaf.dtype):
+                where = f"{what}{'' if not leaf.path else ' ' + leaf.path}"
+                problems.append(f"{where} {a.dtype}{list(a.shape[1:])} vs the "
+                                f"{'observation' if what == 'observations' else 'action'} "
+                                f"space {leaf.space if leaf.path else space}")
     if problems:
         raise ConfigError(
             f"the stored data does not fit the env's spaces: {'; '.join(problems)}. Pass the env "
@@ -364,7 +387,7 @@ def _chunks(items: Iterator[tuple[EpisodeBuffer, dict[str, Any]]],
     for buffer, meta in items:
         buffers.append(buffer)
         metas.append(meta)
-        size += buffer.observations.nbytes + buffer.actions.nbytes
+        size += sum(a.nbytes for a in iter_leaves((buffer.observations, buffer.actions)))
         if size >= _CHUNK_BYTES:
             yield buffers, metas
             buffers, metas, size = [], [], 0

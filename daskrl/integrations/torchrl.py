@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from daskrl._nested import flatten
 from daskrl.errors import MissingDependencyError, UsageError
 
 if TYPE_CHECKING:
@@ -62,8 +63,9 @@ def tensordict_class() -> type[TensorDict]:
     return TensorDict
 
 
-def _tensors(batch: Any, what: str) -> dict[str, torch.Tensor]:
-    """``batch``'s arrays as a flat ``{name: tensor}``: a mapping or a flat TensorDict."""
+def _tensors(batch: Any, what: str) -> dict[str, Any]:
+    """``batch``'s arrays as ``{name: tensor}``: a mapping or a flat TensorDict; the arrays of
+    a Dict or Tuple space or of ``info`` as nested dicts (a tuple's keyed ``"0"``, ``"1"``...)."""
     if not hasattr(batch, "keys") or not hasattr(batch, "__getitem__"):
         raise UsageError(f"{what} takes a batch as handle.load() returns it ({{key: tensor "
                          f"[T, E, ...]}}, or a TensorDict of it), got {type(batch).__name__}.")
@@ -72,20 +74,35 @@ def _tensors(batch: Any, what: str) -> dict[str, torch.Tensor]:
         raise UsageError(f"{what} takes a batch's arrays as {{name: tensor}}, and this one has "
                          "('next', ...) entries (it is in TorchRL's layout already). Pass what "
                          "handle.load() returns.")
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Any] = {}
     for key in keys:
-        value = batch[key]
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+        value = _tree(batch[key])
+        if not isinstance(key, str) or value is None:
             raise UsageError(
-                f"{what} takes a batch's arrays as {{name: tensor}}; its entry {key!r} is a "
-                f"{type(value).__name__}. Pass what handle.load() returns."
+                f"{what} takes a batch's arrays as {{name: tensor}} (nested dicts and tuples of "
+                f"tensors for structured spaces); its entry {key!r} is a "
+                f"{type(batch[key]).__name__}. Pass what handle.load() returns."
             )
         out[key] = value
     return out
 
 
-def _time_env(arrays: Mapping[str, torch.Tensor], what: str) -> tuple[int, int]:
+def _tree(value: Any) -> Any:
+    """A tensor, or a nested mapping/tuple of them as nested dicts with string keys (None if
+    anything else is in it)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    items = (value.items() if isinstance(value, Mapping)
+             else enumerate(value) if isinstance(value, tuple) else None)
+    if items is None:
+        return None
+    out = {str(k): _tree(v) for k, v in items}
+    return out if out and all(v is not None for v in out.values()) else None
+
+
+def _time_env(tree: Mapping[str, Any], what: str) -> tuple[int, int]:
     """The ``(T, E)`` every array starts with."""
+    arrays: dict[str, torch.Tensor] = flatten(tree)
     if not arrays:
         raise UsageError(f"{what} got a batch with no arrays; load it without keys=, or with "
                          "keys= that name some of its arrays.")
@@ -104,8 +121,8 @@ def to_tensordict(batch: Mapping[str, torch.Tensor], *, batch_size: Sequence[int
                   device: torch.device | str | None = None) -> TensorDict:
     """A batch's arrays as one :class:`tensordict.TensorDict` of batch size ``[T, E]``.
 
-    The same tensors under the same keys (array names are identifiers, so the TensorDict is
-    flat); ``device`` sets the TensorDict's device (moving tensors that are elsewhere).
+    The same tensors under the same keys (the arrays of a Dict or Tuple space and of ``info``
+    nested: ``td["observation", "desired_goal"]``, ``td["observation", "0"]``); ``device`` sets the TensorDict's device (moving tensors that are elsewhere).
     ``batch_size`` defaults to the arrays' shared ``(T, E)``.  ``handle.load(as_tensordict=True)``
     is ``to_tensordict(handle.load())``.
     """
@@ -176,6 +193,10 @@ def to_torchrl(batch: Mapping[str, torch.Tensor] | TensorDict, *, env_first: boo
         if arrays[k].dtype != torch.bool:
             raise UsageError(f"to_torchrl needs {k!r} as bool, got {arrays[k].dtype}.")
     if one_hot_actions is not None:
+        if not isinstance(arrays["action"], torch.Tensor):
+            raise UsageError(f"one_hot_actions={one_hot_actions} needs the integer actions of "
+                             "a Discrete space; this batch's actions are a Dict or Tuple "
+                             "space's. Pass one_hot_actions=None.")
         arrays["action"] = _one_hot(arrays["action"], one_hot_actions)
 
     terminated = arrays.pop("terminated").unsqueeze(-1)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from daskrl._nested import select
 from daskrl.errors import (
     BatchDataMissingError,
     BatchNotFoundError,
@@ -85,14 +86,16 @@ def dask_view(
     missing = [b for b in ids if b not in recs]
     if missing:
         raise BatchNotFoundError(f"no committed batches {missing} in store {store.url!r}.")
-    names = list(keys) if keys is not None else None
+    names = None
     parts: dict[str, list[Any]] = {}
     load = dask.delayed(_load_array, pure=False)
     for bid in ids:
         path = recs[bid]["path"]
         try:
-            if names is None:
+            if names is None:  # from the first batch: keys may name groups ("observation")
                 names = store.array_names(path)
+                if keys is not None:
+                    names = select(names, keys)
             layouts = reader.array_layouts(bid, path, names)
         except (BatchDataMissingError, BatchNotFoundError):
             if reader.index.still_committed(bid, path):
@@ -131,4 +134,4 @@ def _batch_shape(bid: int, path: str, url: str, layouts: dict[str, Any]) -> tupl
 
 
 def _load_array(store: TrajectoryStore, path: str, name: str) -> np.ndarray:
-    return store.load_path(path, keys=[name])[name].numpy()
+    return store._reader.load_path(path, None, [name], None)[name].numpy()

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from daskrl._nested import tree_map
 from daskrl.errors import (
     BatchNotFoundError,
     ConfigError,
@@ -72,10 +73,11 @@ class _StoreSource:
             self._pid = os.getpid()
         return self._store
 
-    def sample(self, batch: Mapping[str, torch.Tensor], t: int, e: int) -> dict[str, torch.Tensor]:
+    def sample(self, batch: Mapping[str, Any], t: int, e: int) -> dict[str, Any]:
+        # nested for the arrays of a Dict or Tuple space and of info, as load gives them
         if self.sequence_length is None:
-            return {k: v[t, e].clone() for k, v in batch.items()}
-        return {k: v[t:t + self.length, e].clone() for k, v in batch.items()}
+            return tree_map(lambda v: v[t, e].clone(), dict(batch))
+        return tree_map(lambda v: v[t:t + self.length, e].clone(), dict(batch))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from daskrl._nested import nest
 from daskrl.errors import BatchNotFoundError
 from daskrl.store._env_select import EnvFilter, env_matcher
 from daskrl.store._layout import run_of
@@ -27,8 +28,10 @@ class Episode:
     """One episode reassembled from the batches it spans, time-major ``[L, ...]``."""
 
     episode_id: int
-    data: dict[str, torch.Tensor]
-    """``{key: tensor [L, ...]}``, rows in the episode's order."""
+    data: dict[str, Any]
+    """``{key: tensor [L, ...]}``, rows in the episode's order (the arrays of a ``Dict`` or
+    ``Tuple`` space and of ``info`` nested, as :meth:`~daskrl.TrajectoryStore.load` gives
+    them)."""
     batch_ids: tuple[int, ...]
     """The batches it spans, in order."""
     complete: bool
@@ -104,7 +107,7 @@ def iter_episodes(
         if dev is not None:
             data = {k: v.to(dev) for k, v in data.items()}
         bids = tuple(dict.fromkeys(b for b, _ in pieces))
-        return Episode(int(eid), data, bids, complete)
+        return Episode(int(eid), nest(data), bids, complete)
 
     current_run = None
     for bid in store.batch_ids() if records is None else list(records):
@@ -121,7 +124,7 @@ def iter_episodes(
         if env_ok is not None and records is not None and not env_ok(records[bid]):
             continue
         try:
-            batch = store.load(bid, keys=need)
+            batch = store._load_flat(bid, keys=need)
         except BatchNotFoundError:
             continue
         eid = batch["episode_id"].numpy()

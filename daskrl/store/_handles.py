@@ -58,6 +58,10 @@ class BatchHandle:
     """Time the worker spent writing and committing the batch."""
     env_restarts: int = 0
     """Times the batch's envs were rebuilt after an env error (``on_env_error="restart"``)."""
+    episode_stats: tuple[tuple[float, int, float], ...] = ()
+    """``(r, l, t)`` of each episode that ``gymnasium.wrappers.RecordEpisodeStatistics`` reported
+    in this batch (its ``info["episode"]``: return, length, seconds), in the order they ended,
+    as :attr:`episode_returns`; empty when the env is not wrapped so."""
     needs_options: bool = False
     """The store was opened with ``storage_options`` (which the handle does not carry): load
     it through its store object."""
@@ -89,7 +93,7 @@ class BatchHandle:
     def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
              storage_options: Mapping[str, Any] | None = None, *,
              store: TrajectoryStore | None = None, as_tensordict: Literal[False] = False,
-             ) -> dict[str, torch.Tensor]: ...
+             ) -> dict[str, Any]: ...
 
     @overload
     def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
@@ -101,7 +105,7 @@ class BatchHandle:
     def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
              storage_options: Mapping[str, Any] | None = None, *,
              store: TrajectoryStore | None = None, as_tensordict: bool,
-             ) -> dict[str, torch.Tensor] | TensorDict: ...
+             ) -> dict[str, Any] | TensorDict: ...
 
     def load(
         self,
@@ -111,8 +115,13 @@ class BatchHandle:
         *,
         store: TrajectoryStore | None = None,
         as_tensordict: bool = False,
-    ) -> dict[str, torch.Tensor] | TensorDict:
+    ) -> dict[str, Any] | TensorDict:
         """Read the batch from the store as ``{key: tensor [T, E, ...]}`` on ``device``.
+
+        The arrays of a ``Dict`` or ``Tuple`` space and of ``info`` come nested:
+        ``batch["observation"]["desired_goal"]``, ``batch["observation"][0]`` (a tuple),
+        ``batch["info"]["lives"]``; ``keys`` may name such a group (``"observation"``,
+        ``"info"``) or one of its arrays (``"observation/desired_goal"``).
 
         ``store``: the store object to read through (e.g. ``collector.store``, or
         ``open_store(url, storage_options)``), required when the store needs
@@ -135,7 +144,7 @@ class BatchHandle:
 
     def _load(self, device: torch.device | str | None, keys: Sequence[str] | None,
               storage_options: Mapping[str, Any] | None, store: TrajectoryStore | None,
-              ) -> dict[str, torch.Tensor]:
+              ) -> dict[str, Any]:
         from daskrl.store._store import TrajectoryStore
 
         if store is None and storage_options is None:
@@ -192,6 +201,7 @@ class BatchHandle:
         d["episode_returns"] = list(self.episode_returns)
         d["episode_lengths"] = list(self.episode_lengths)
         d["shape"] = list(self.shape)
+        d["episode_stats"] = [list(s) for s in self.episode_stats]
         return d
 
     @classmethod
@@ -204,4 +214,6 @@ class BatchHandle:
         kw["episode_returns"] = tuple(kw.get("episode_returns", ()))
         kw["episode_lengths"] = tuple(kw.get("episode_lengths", ()))
         kw["shape"] = tuple(kw.get("shape", (0, 0)))
+        kw["episode_stats"] = tuple((float(r), int(n), float(s))
+                                    for r, n, s in kw.get("episode_stats", ()))
         return cls(store=store, policy_lag=policy_lag, needs_options=needs_options, **kw)

@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 FORMAT_NAME = "daskrl.trajectories"
-FORMAT_VERSION = "2.1"
+FORMAT_VERSION = "2.2"
 READ_MAJORS = (2,)
 """Major format versions this daskrl reads; it writes only :data:`FORMAT_VERSION`'s."""
 BATCH_IDS_PER_RUN = 1_000_000_000

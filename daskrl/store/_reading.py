@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from daskrl._nested import select
 from daskrl.errors import (
     ArrayNotFoundError,
     BatchDataMissingError,
@@ -126,6 +127,8 @@ def _load_tensors(src: ByteSource, keys: Sequence[str] | None, dev: torch.device
     use_pin = dev.type == "cuda" and torch.cuda.is_available()
     try:
         index = read_index(src, [] if keys is not None else None, limits=limits)
+        if keys is not None:  # a key may name a group of arrays: "observation" of a Dict space
+            keys = select(index.arrays, keys)
         arrays = read_batch(src, index, keys, limits=limits, allocate=pin if use_pin else None)
     finally:
         src.close()

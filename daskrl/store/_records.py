@@ -93,6 +93,11 @@ def check_commit_record(doc: dict[str, Any], batch_id: int, where: str) -> dict[
         bad.append("episode_returns")
     if not (isinstance(lens, list) and all(_int(n) and n >= 0 for n in lens)):
         bad.append("episode_lengths")
+    stats = attrs.get("episode_stats", [])  # (r, l, t) per episode, since format 2.2
+    if not (isinstance(stats, list) and all(
+            isinstance(s, list) and len(s) == 3 and _number(s[0]) and _int(s[1]) and s[1] >= 0
+            and _number(s[2]) for s in stats)):
+        bad.append("episode_stats")
     if bad:
         shown = repr({k: attrs.get(k) for k in bad})[:300]
         raise StoreFormatError(f"{where}: field(s) {bad} have the wrong type or value ({shown})")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from daskrl._nested import nest
 from daskrl.config import Compression
 from daskrl.errors import BatchNotFoundError, UsageError
 from daskrl.store._backends import Backend, open_backend
@@ -240,20 +241,30 @@ class TrajectoryStore:
         batch: int | BatchHandle,
         device: torch.device | str | None = None,
         keys: Sequence[str] | None = None,
-    ) -> dict[str, torch.Tensor]:
+    ) -> dict[str, Any]:
         """Load a batch (its id, or a :class:`BatchHandle` of this store) as ``{key: tensor
-        [T, E, ...]}`` on ``device``."""
+        [T, E, ...]}`` on ``device``.
+
+        The arrays of a ``Dict`` or ``Tuple`` space and of ``info`` come as nested mappings:
+        ``batch["observation"]["desired_goal"]``, ``batch["observation"][0]`` (a tuple),
+        ``batch["info"]["lives"]``.  ``keys`` name arrays or groups of them (``"observation"``,
+        ``"observation/desired_goal"``, ``"info"``)."""
+        return nest(self._load_flat(batch, device, keys))
+
+    def _load_flat(self, batch: int | BatchHandle, device: torch.device | str | None = None,
+                   keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """:meth:`load` with every array under its name (``"observation/desired_goal"``)."""
         if isinstance(batch, BatchHandle):
             if normalize_url(batch.store) != self.url:
                 raise UsageError(f"the handle of batch {batch.batch_id} belongs to the store "
                                  f"{batch.store!r}, not to {self.url!r}.")
-            return self.load_path(batch.path, device, keys, batch.batch_id)
-        return self.load_path(self._index.record(batch)["path"], device, keys)
+            return self._reader.load_path(batch.path, device, keys, batch.batch_id)
+        return self._reader.load_path(self._index.record(batch)["path"], device, keys, None)
 
     def load_path(
         self, path: str, device: torch.device | str | None = None,
         keys: Sequence[str] | None = None, batch_id: int | None = None,
-    ) -> dict[str, torch.Tensor]:
+    ) -> dict[str, Any]:
         """Load the batch at ``path`` (as named by a commit record): a zip container
         (``.zip``, format 2.x) or a group directory (format 1.x).
 
@@ -261,9 +272,10 @@ class TrajectoryStore:
         checked before any data is read; each array is decoded straight into one tensor
         (pinned when ``device`` is CUDA) and moved to ``device`` with one copy.  ``path`` must
         be an attempt ``batches/<id:012d>-<attempt>[.zip]`` (of ``batch_id`` when given);
-        anything else is refused (:class:`StoreFormatError`).
+        anything else is refused (:class:`StoreFormatError`).  Structured arrays come nested,
+        as from :meth:`load`.
         """
-        return self._reader.load_path(path, device, keys, batch_id)
+        return nest(self._reader.load_path(path, device, keys, batch_id))
 
     def iter_batches(
         self,
@@ -273,7 +285,7 @@ class TrajectoryStore:
         weights_version: VersionFilter = None,
         worker: str | Collection[str] | None = None,
         env: EnvFilter = None,
-    ) -> Iterator[tuple[BatchHandle, dict[str, torch.Tensor]]]:
+    ) -> Iterator[tuple[BatchHandle, dict[str, Any]]]:
         """Yield ``(handle, {key: tensor [T, E, ...]})`` of each matching batch, by id (the
         filters as in :meth:`handles`).
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 
 from daskrl.errors import ConfigError, EnvError
 from daskrl.worker._env_import import import_env_factory
+from daskrl.worker._spaces import check_space
 from daskrl.worker._wrappers import WrapperSpec, apply_wrappers
 
 __all__ = ["ENDLESS_EPISODE_STEPS", "EnvLike", "EnvSpec"]
@@ -22,17 +22,7 @@ EnvLike = str | Callable[[], gym.Env]
 ENDLESS_EPISODE_STEPS = 1_000_000
 """Default of :attr:`EnvSpec.endless_episode_steps`."""
 
-SUPPORTED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
-
-
-def _check_space(name: str, what: str, space: gym.Space) -> None:
-    if not isinstance(space, SUPPORTED_SPACES):
-        raise ConfigError(
-            f"env {name}: its {what} space is {space!r}; daskrl stores fixed-shape numeric "
-            "arrays, so it supports Box, Discrete, MultiDiscrete and MultiBinary. Wrap the env "
-            "(e.g. gymnasium.wrappers.FlattenObservation) to give it such a space."
-        )
-
+_check_space = check_space  # its name here before spaces had a module of their own
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
@@ -136,8 +126,8 @@ class EnvSpec:
         """Build one env on the learner to check it early; return its (obs, action) spaces."""
         env = self.make()
         try:
-            _check_space(self.name, "observation", env.observation_space)
-            _check_space(self.name, "action", env.action_space)
+            check_space(self.name, "observation", env.observation_space)
+            check_space(self.name, "action", env.action_space)
             return env.observation_space, env.action_space
         finally:
             env.close()

@@ -16,28 +16,39 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from daskrl._nested import iter_leaves
 from daskrl.errors import PolicyError
+from daskrl.worker._spaces import SpaceLayout
 
-__all__ = ["RESERVED_KEYS", "check_action", "check_extras", "policy_error", "split_policy_output",
+__all__ = ["RESERVED_KEYS", "check_action", "check_extras", "describe", "policy_error",
+           "split_policy_output",
            "to_numpy"]
 
 
-def split_policy_output(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``(action, extras)`` from a policy's output: a tensor, or a dict with ``"action"``."""
+def split_policy_output(out: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """``(action, extras)`` from a policy's output: a tensor, or a dict with ``"action"``
+    (for a ``Dict`` or ``Tuple`` action space, ``"action"`` is a dict or tuple of tensors)."""
     if isinstance(out, torch.Tensor):
         return out, {}
     if isinstance(out, Mapping):
         if "action" not in out:
             raise PolicyError(
                 f"the policy returned a mapping with keys {sorted(out)}, which lacks 'action'. "
-                "Return a tensor, or a dict with an 'action' entry plus extra outputs."
+                "Return a tensor, or a dict with an 'action' entry plus extra outputs (for a "
+                "Dict action space too: {'action': {key: tensor, ...}, ...})."
             )
         extras = {}
         for k, v in out.items():
+            if k == "action":
+                if not isinstance(v, torch.Tensor) and not all(
+                        isinstance(x, torch.Tensor) for x in iter_leaves(v)):
+                    raise PolicyError(f"policy output 'action' is {describe(v)}, expected a "
+                                      "tensor (or, for a Dict or Tuple action space, a dict or "
+                                      "tuple of tensors).")
+                continue
             if not isinstance(v, torch.Tensor):
                 raise PolicyError(f"policy output {k!r} is {type(v).__name__}, expected a tensor.")
-            if k != "action":
-                extras[str(k)] = v
+            extras[str(k)] = v
         return out["action"], extras
     raise PolicyError(
         f"the policy returned {type(out).__name__}; expected an action tensor [E, *action] or "
@@ -45,25 +56,41 @@ def split_policy_output(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]
     )
 
 
-def check_action(action: torch.Tensor, space: gym.Space, n_envs: int, env_name: str) -> None:
-    """Raise :class:`PolicyError` unless ``action`` fits ``space`` for ``n_envs`` envs."""
+def check_action(action: Any, space: gym.Space, n_envs: int, env_name: str) -> None:
+    """Raise :class:`PolicyError` unless ``action`` fits ``space`` for ``n_envs`` envs (a
+    ``Dict`` or ``Tuple`` space: a dict or tuple of tensors, each fitting its entry)."""
+    layout = SpaceLayout(space)
+    try:
+        parts = layout.split(action)
+    except ValueError as e:
+        raise PolicyError(f"policy output 'action' is {e}: env {env_name} has the action "
+                          f"space {space!r}.") from None
+    for leaf, part in zip(layout.leaves, parts):
+        if not isinstance(part, torch.Tensor):
+            raise PolicyError(f"policy output {leaf.label('action')} is "
+                              f"{type(part).__name__}, expected a tensor.")
+        _check_leaf_action(part, leaf.space, n_envs, env_name, leaf.label("action"))
+
+
+def _check_leaf_action(action: torch.Tensor, space: gym.Space, n_envs: int, env_name: str,
+                       what: str) -> None:
     expected = (n_envs, *space.shape)  # type: ignore[misc]
     if tuple(action.shape) != expected:
         raise PolicyError(
-            f"policy output 'action' has shape {tuple(action.shape)}, but env {env_name} has "
+            f"policy output {what!r} has shape {tuple(action.shape)}, but env {env_name} has "
             f"action space {space!r}: expected {expected} for {n_envs} envs."
         )
     integral = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
     if integral and action.dtype.is_floating_point:
         raise PolicyError(
-            f"policy output 'action' has dtype {action.dtype}, but env {env_name} has the "
+            f"policy output {what!r} has dtype {action.dtype}, but env {env_name} has the "
             f"discrete action space {space!r}: return integer actions (e.g. argmax or sample)."
         )
     if isinstance(space, spaces.Box) and not (
         action.dtype.is_floating_point or space.dtype.kind in "iu"
     ):
         raise PolicyError(
-            f"policy output 'action' has dtype {action.dtype}; env {env_name} has the "
+            f"policy output {what!r} has dtype {action.dtype}; env {env_name} has the "
             f"continuous action space {space!r}: return floating-point actions."
         )
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
@@ -72,13 +99,24 @@ def check_action(action: torch.Tensor, space: gym.Space, n_envs: int, env_name: 
         high = space.start + (space.n if isinstance(space, spaces.Discrete) else space.nvec)
         if np.any(a < low) or np.any(a >= high):
             raise PolicyError(
-                f"policy output 'action' has values outside env {env_name}'s action space "
+                f"policy output {what!r} has values outside env {env_name}'s action space "
                 f"{space!r} (got min {a.min()}, max {a.max()})."
             )
 
 
+def describe(x: Any) -> str:
+    """``tensor (8, 4) float32 on cpu``, or a dict or tuple of such, for messages."""
+    if isinstance(x, torch.Tensor):
+        return f"tensor {tuple(x.shape)} {x.dtype} on {x.device}"
+    if isinstance(x, Mapping):
+        return "{" + ", ".join(f"{k!r}: {describe(v)}" for k, v in x.items()) + "}"
+    if isinstance(x, tuple):
+        return "(" + ", ".join(describe(v) for v in x) + ("," if len(x) == 1 else "") + ")"
+    return f"a {type(x).__name__}"
+
+
 RESERVED_KEYS = frozenset({"observation", "next_observation", "action", "reward", "terminated",
-                           "truncated", "episode_id", "step"})
+                           "truncated", "episode_id", "step", "info"})
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -112,13 +150,13 @@ def check_extras(extras: Mapping[str, torch.Tensor], n_envs: int) -> None:
 
 
 def policy_error(e: BaseException, env_name: str, t: int, batch_id: int,
-                  obs: torch.Tensor) -> PolicyError:
+                  obs: Any) -> PolicyError:
     """A :class:`PolicyError` for a policy that raised while collecting, with its traceback in
     the message (exception chains do not survive pickling from a Dask worker)."""
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
     return PolicyError(
         f"the policy raised at step {t} of batch {batch_id} on the observations of env "
-        f"{env_name} (tensor {tuple(obs.shape)} {obs.dtype} on {obs.device}): {e!r}. It ran on "
+        f"{env_name} ({describe(obs)}): {e!r}. It ran on "
         "the learner's sample observations: check what differs on the worker (its files, "
         "environment variables, device, or the env's real observations)."
         f"\n--- the policy's traceback, on the worker ---\n{tb}"

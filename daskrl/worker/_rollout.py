@@ -18,7 +18,8 @@ import torch
 from gymnasium import spaces
 
 from daskrl.errors import BatchTimeoutError, EnvError
-from daskrl.worker._envs import EnvSpec, space_dtype
+from daskrl.worker._envs import EnvSpec
+from daskrl.worker._infos import InfoRecorder, InfoSpecs
 from daskrl.worker._policy_output import (
     check_action,
     check_extras,
@@ -26,6 +27,7 @@ from daskrl.worker._policy_output import (
     split_policy_output,
     to_numpy,
 )
+from daskrl.worker._spaces import Leaf, SpaceLayout
 
 __all__ = ["EPISODE_ID_STRIDE", "EnvSet"]
 
@@ -60,12 +62,18 @@ class EnvSet:
     """``E`` environments of one collection stream, with their episode bookkeeping."""
 
     def __init__(self, spec: EnvSpec, n_envs: int, seed: int, stream: int,
-                 restart: tuple[int, ...] = ()) -> None:
+                 restart: tuple[int, ...] = (), info_keys: tuple[str, ...] = ()) -> None:
         self.spec = spec
         self.n_envs = n_envs
+        self.info_keys = info_keys
+        self.info_specs: InfoSpecs = {}
+        """Shapes and dtypes of the info entries, as first reported (kept across batches)."""
         self.envs: list[gym.Env] = [spec.make() for _ in range(n_envs)]
         self.obs_space = self.envs[0].observation_space
         self.act_space = self.envs[0].action_space
+        # A Dict or Tuple space is one buffer per leaf (a flat space: one leaf).
+        self.obs_layout = SpaceLayout(self.obs_space)
+        self.act_layout = SpaceLayout(self.act_space)
         # A stream's envs seed from (seed, stream); envs rebuilt mid-stream (``restart``: the
         # batch id they were rebuilt for) get a stream of their own, so no episode repeats.
         key = [seed, stream, *restart]
@@ -74,7 +82,8 @@ class EnvSet:
         for env, s in zip(self.envs, self._seeds):
             env.action_space.seed(s)
         self._needs_reset = True
-        self.obs = np.zeros((n_envs, *self.obs_space.shape), space_dtype(self.obs_space))  # type: ignore[misc]
+        self.obs = [np.zeros((n_envs, *leaf.shape), leaf.dtype) for leaf in self.obs_layout.leaves]
+        """The envs' current observations, one array ``[E, ...]`` per leaf of the space."""
         self.episode_id = np.zeros(n_envs, np.int64)
         self.episode_step = np.zeros(n_envs, np.int64)
         self.episode_return = np.zeros(n_envs, np.float64)
@@ -94,8 +103,7 @@ class EnvSet:
         except Exception as e:
             raise _env_error(f"env {self.spec.name} (env index {i}) raised in reset() at "
                              f"step {t} of batch {batch_id}", e) from e
-        self._check_obs(obs, i, t, batch_id, "reset()")
-        self.obs[i] = obs
+        self._put_obs(self.obs, i, obs, t, batch_id, "reset()")
         self.episode_id[i] = batch_id * EPISODE_ID_STRIDE + t * self.n_envs + i
         self.episode_step[i] = 0
         self.episode_return[i] = 0.0
@@ -117,31 +125,43 @@ class EnvSet:
                 self._reset(i, batch_id, 0)
             self._first_reset = False
             self._needs_reset = False
-        obs_shape = self.obs.shape[1:]
-        out: dict[str, np.ndarray] = {
-            "observation": np.empty((steps, E, *obs_shape), self.obs.dtype),
-            "next_observation": np.empty((steps, E, *obs_shape), self.obs.dtype),
+        out: dict[str, np.ndarray] = {}
+        for key in ("observation", "next_observation"):
+            for name, cur in zip(self.obs_layout.names(key), self.obs):
+                out[name] = np.empty((steps, *cur.shape), cur.dtype)
+        out.update({
             "reward": np.empty((steps, E), np.float32),
             "terminated": np.empty((steps, E), np.bool_),
             "truncated": np.empty((steps, E), np.bool_),
             "episode_id": np.empty((steps, E), np.int64),
             "step": np.empty((steps, E), np.int64),
-        }
+        })
         extras: dict[str, np.ndarray] = {}
         returns: list[float] = []
         lengths: list[int] = []
-        obs_buf, id_buf, step_buf = out["observation"], out["episode_id"], out["step"]
+        obs_bufs = [out[n] for n in self.obs_layout.names("observation")]
+        next_bufs = [out[n] for n in self.obs_layout.names("next_observation")]
+        act_bufs: list[np.ndarray] = []
+        id_buf, step_buf = out["episode_id"], out["step"]
+        flat_obs = not self.obs_layout.structured
+        obs_shape = self.obs[0].shape[1:]
+        infos: list[Any] = [None] * E
+        recorder = InfoRecorder(self.info_keys, steps, E, env_name=self.spec.name,
+                                batch_id=batch_id, specs=self.info_specs)
         on_cpu = device.type == "cpu"
         deadline = None if batch_timeout is None else time.monotonic() + batch_timeout
         no_grad = torch.inference_mode()
         t0 = time.perf_counter()
         for t in range(steps):
-            obs_buf[t] = self.obs
+            for buf, cur in zip(obs_bufs, self.obs):
+                buf[t] = cur
             id_buf[t] = self.episode_id
             step_buf[t] = self.episode_step
             # On CPU the policy reads the observation in place (it is not changed until the
             # policy has returned); elsewhere it is copied to the device.
-            obs_t = torch.from_numpy(self.obs) if on_cpu else torch.as_tensor(self.obs, device=device)
+            obs_t = self.obs_layout.join([
+                torch.from_numpy(cur) if on_cpu else torch.as_tensor(cur, device=device)
+                for cur in self.obs])
             try:
                 with no_grad:
                     policy_out = policy(obs_t)
@@ -151,35 +171,40 @@ class EnvSet:
             if t == 0:
                 check_action(action_t, self.act_space, E, self.spec.name)
                 check_extras(extra_t, E)
-            action = to_numpy(action_t)
+            actions = [to_numpy(a) for a in self.act_layout.split(action_t)]
             if t == 0:
-                out["action"] = np.empty((steps, *action.shape), action.dtype)
+                for name, a in zip(self.act_layout.names("action"), actions):
+                    out[name] = np.empty((steps, *a.shape), a.dtype)
+                    act_bufs.append(out[name])
                 for k, v in extra_t.items():
                     v_np = to_numpy(v)
                     extras[k] = np.empty((steps, *v_np.shape), v_np.dtype)
             for k, v in extra_t.items():
                 extras[k][t] = to_numpy(v)
             if t < random_steps:
-                action = (
-                    np.stack([env.action_space.sample() for env in self.envs])
-                    .astype(out["action"].dtype, copy=False)
-                    .reshape(action.shape)
-                )
-            out["action"][t] = action
-            env_actions = self._env_actions(action)
-            next_obs = out["next_observation"][t]
+                samples = [self.act_layout.split(env.action_space.sample()) for env in self.envs]
+                actions = [np.stack([s[j] for s in samples]).astype(buf.dtype, copy=False)
+                           .reshape(a.shape) for j, (buf, a) in enumerate(zip(act_bufs, actions))]
+            for buf, a in zip(act_bufs, actions):
+                buf[t] = a
+            env_actions = self._env_actions(actions)
+            next_obs = [buf[t] for buf in next_bufs]
             rewards: list[Any] = [0.0] * E  # what each env returned, checked below
             terminated: list[Any] = [False] * E
             truncated: list[Any] = [False] * E
             for i, env in enumerate(self.envs):
                 try:
-                    nobs, rewards[i], terminated[i], truncated[i], _ = env.step(env_actions[i])
+                    nobs, rewards[i], terminated[i], truncated[i], infos[i] = env.step(
+                        env_actions[i])
                 except Exception as e:
                     raise _env_error(f"env {self.spec.name} (env index {i}) raised in step() "
                                      f"at step {t} of batch {batch_id}", e) from e
+                if not flat_obs:
+                    self._put_obs(next_obs, i, nobs, t, batch_id, "step()")
+                    continue
                 if getattr(nobs, "shape", None) != obs_shape or nobs.dtype.kind not in "biuf":
-                    self._check_obs(nobs, i, t, batch_id, "step()")
-                next_obs[i] = nobs
+                    self._check_obs(nobs, self.obs_layout.leaves[0], i, t, batch_id, "step()")
+                next_obs[0][i] = nobs
             # One conversion per step checks all envs' outputs at once; only a wrong one takes
             # the slow path that finds and names it.
             try:
@@ -198,8 +223,11 @@ class EnvSet:
             out["truncated"][t] = trunc_a
             self.episode_return += reward_a  # float64 sums of the env's own rewards
             self.episode_step += 1
-            self.obs[...] = next_obs
-            for done in np.flatnonzero(out["terminated"][t] | out["truncated"][t]):
+            for cur, nxt in zip(self.obs, next_obs):
+                cur[...] = nxt
+            ended = out["terminated"][t] | out["truncated"][t]
+            recorder.record(t, infos, done=ended)
+            for done in np.flatnonzero(ended):
                 returns.append(float(self.episode_return[done]))
                 lengths.append(int(self.episode_step[done]))
                 self._reset(int(done), batch_id, t + 1)
@@ -218,24 +246,46 @@ class EnvSet:
             )
         elapsed = time.perf_counter() - t0
         self._check_finite(out, batch_id)
+        out.update(recorder.arrays())
         self.last_batch_id = batch_id
         out.update(extras)
         stats = {
             "episode_returns": tuple(returns),
             "episode_lengths": tuple(lengths),
+            "episode_stats": tuple(recorder.episodes),
             "rollout_seconds": elapsed,
         }
         return out, stats
 
-    def _check_obs(self, obs: Any, i: int, t: int, batch_id: int, where: str) -> None:
-        expected = self.obs.shape[1:]
-        arr = np.asarray(obs)
-        if arr.shape != expected or arr.dtype.kind not in "biuf":
+    def _put_obs(self, dst: list[np.ndarray], i: int, obs: Any, t: int, batch_id: int,
+                 where: str) -> None:
+        """Check env ``i``'s observation ``obs`` against the space and write its leaves to row
+        ``i`` of ``dst`` (one array ``[E, ...]`` per leaf)."""
+        try:
+            parts = self.obs_layout.split(obs)
+        except ValueError as e:
             raise EnvError(
-                f"env {self.spec.name} (env index {i}) returned from {where} an observation of "
+                f"env {self.spec.name} (env index {i}) returned from {where} an observation "
+                f"that is {e}, at step {t} of batch {batch_id}; its observation space is "
+                f"{self.obs_space!r}. Fix the env or its observation_space."
+            ) from None
+        for leaf, buf, part in zip(self.obs_layout.leaves, dst, parts):
+            if getattr(part, "shape", None) != leaf.shape or part.dtype.kind not in "biuf":
+                self._check_obs(part, leaf, i, t, batch_id, where)
+            buf[i] = part
+
+    def _check_obs(self, obs: Any, leaf: Leaf, i: int, t: int, batch_id: int,
+                   where: str) -> None:
+        arr = np.asarray(obs)
+        if arr.shape != leaf.shape or arr.dtype.kind not in "biuf":
+            what = (f"an observation whose {leaf.label('observation')} has" if leaf.path
+                    else "an observation of")
+            space = f" ({leaf.label('observation')}: {leaf.space!r})" if leaf.path else ""
+            raise EnvError(
+                f"env {self.spec.name} (env index {i}) returned from {where} {what} "
                 f"shape {arr.shape} and dtype {arr.dtype} at step {t} of batch {batch_id}; its "
-                f"observation space {self.obs_space!r} says shape {expected}, dtype "
-                f"{self.obs.dtype}. Fix the env or its observation_space."
+                f"observation space {self.obs_space!r}{space} says shape {leaf.shape}, dtype "
+                f"{leaf.dtype}. Fix the env or its observation_space."
             )
 
     def _check_step_outputs(
@@ -268,24 +318,35 @@ class EnvSet:
         return (np.array([float(r) for r in rewards]), np.array([bool(x) for x in terminated]),
                 np.array([bool(x) for x in truncated]))
 
-    def _env_actions(self, action: np.ndarray) -> list[Any]:
-        """Per-env actions for ``env.step``: Box clipped to bounds, Discrete as Python ints."""
-        space = self.act_space
-        if isinstance(space, spaces.Box):
-            clipped = np.clip(action, space.low, space.high).astype(space.dtype, copy=False)
-            return list(clipped)
-        if isinstance(space, spaces.Discrete):
-            return action.tolist()
-        return list(action.astype(space.dtype, copy=False))
+    def _env_actions(self, actions: list[np.ndarray]) -> list[Any]:
+        """Per-env actions for ``env.step`` from the leaves' ``[E, ...]`` arrays: Box clipped
+        to bounds, Discrete as Python ints; a dict or tuple of them for a Dict or Tuple space."""
+        if not self.act_layout.structured:
+            return _leaf_actions(self.act_space, actions[0])
+        per_leaf = [_leaf_actions(leaf.space, a)
+                    for leaf, a in zip(self.act_layout.leaves, actions)]
+        return [self.act_layout.join([p[i] for p in per_leaf]) for i in range(self.n_envs)]
 
     def _check_finite(self, out: dict[str, np.ndarray], batch_id: int) -> None:
-        for key in ("next_observation", "reward"):
+        checks = [(leaf.name("next_observation"), leaf.label("observation"))
+                  for leaf in self.obs_layout.leaves] + [("reward", "reward")]
+        for key, label in checks:
             arr = out[key]
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 bad = np.argwhere(~np.isfinite(arr.reshape(arr.shape[0], arr.shape[1], -1)))[0]
                 self._needs_reset = True
                 raise EnvError(
                     f"env {self.spec.name} (env index {bad[1]}) returned a non-finite "
-                    f"{key.replace('next_', '')} at step {bad[0]} of batch {batch_id}. Fix the "
+                    f"{label} at step {bad[0]} of batch {batch_id}. Fix the "
                     "env or wrap it to sanitize its output; the batch was discarded."
                 )
+
+
+def _leaf_actions(space: gym.Space, action: np.ndarray) -> list[Any]:
+    """Per-env actions of one leaf space: Box clipped to bounds, Discrete as Python ints."""
+    if isinstance(space, spaces.Box):
+        clipped = np.clip(action, space.low, space.high).astype(space.dtype, copy=False)
+        return list(clipped)
+    if isinstance(space, spaces.Discrete):
+        return action.tolist()
+    return list(action.astype(space.dtype, copy=False))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from distributed import Worker
 
-from daskrl.errors import BatchTimeoutError, EnvError, PolicyError, StoreError
+from daskrl.errors import BatchTimeoutError, EnvError, EnvInfoError, PolicyError, StoreError
 from daskrl.store._handles import BatchHandle
 from daskrl.weights._segments import SharedWeights
 from daskrl.worker._distributed import running_task_cancelled, this_worker
@@ -141,7 +141,7 @@ def _collect_and_write(plugin: CollectorPlugin, worker: Worker,
                 plugin.drop_envset(task.stream)
                 where = f"[worker {worker.address}, weights version {task.weights_version}]"
                 retry = (cfg.on_env_error == "restart" and restarts < cfg.max_env_restarts
-                         and not isinstance(e, BatchTimeoutError))
+                         and not isinstance(e, (BatchTimeoutError, EnvInfoError)))
                 if not retry:
                     raise type(e)(f"{e}\n{where}") from e
                 restarts += 1
@@ -163,6 +163,7 @@ def _collect_and_write(plugin: CollectorPlugin, worker: Worker,
         rollout_seconds=stats["rollout_seconds"],
         env_restarts=restarts,
         env=task.env,
+        episode_stats=stats.get("episode_stats", ()),
     )
     if running_task_cancelled(worker):
         # The learner cancelled this batch while it ran: its result would be thrown away, so

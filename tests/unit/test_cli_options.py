@@ -39,8 +39,8 @@ def test_every_field_has_a_flag_with_its_default_and_help():
         assert kwargs["default"] == parsed[f.name] == default, f.name
         assert f.metadata["help"].replace("%", "%%") in kwargs["help"], f.name
         if not isinstance(f.default, bool) and "(default: " not in f.metadata["help"]:
-            assert kwargs["help"].endswith(
-                f"(default: {'none' if default is None else default})"), kwargs["help"]
+            shown = "none" if default in (None, ()) else default  # () as info_keys has it
+            assert kwargs["help"].endswith(f"(default: {shown})"), kwargs["help"]
     assert options["compression"].kwargs["choices"] == [c.value for c in Compression]
     assert {o.flag for o in options.values()} >= FLAGS_BEFORE
 

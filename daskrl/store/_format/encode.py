@@ -46,12 +46,18 @@ def group_document(attributes: dict[str, Any]) -> bytes:
     return json.dumps(doc, indent=1).encode()
 
 
+_EMPTY_GROUP = group_document({})
+"""``zarr.json`` of a group of a structure's arrays (``observation/`` of a Dict space)."""
+
+
 def dimension_names(name: str, ndim: int) -> list[str]:
     """The dimension names of array ``name`` with ``ndim`` dimensions (format 2.1): ``time``
     and ``env``, shared by every array, then ``<name>_0``, ``<name>_1``, ... of its own, so
     that arrays of different trailing sizes never share a dimension (xarray needs one size per
-    name)."""
-    return ["time", "env", *[f"{name}_{i}" for i in range(ndim - 2)]][:ndim]
+    name).  An array of a structure (2.2: ``observation/desired_goal``) has ``.`` for ``/`` in
+    them: ``observation.desired_goal_0``."""
+    own = name.replace("/", ".")
+    return ["time", "env", *[f"{own}_{i}" for i in range(ndim - 2)]][:ndim]
 
 
 def chunk_rows(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> int:
@@ -137,7 +143,7 @@ def _array_members(path: str, arr: np.ndarray, compression: Compression, chunk_b
     """``(member name, buffers)`` of the zarr v3 array ``path``: its ``zarr.json``, then its
     chunks; a member's content is its buffers joined."""
     rows = chunk_rows(arr, chunk_bytes)
-    doc = _array_document(path.rsplit("/", 1)[-1], arr.shape, arr.dtype, rows, compression)
+    doc = _array_document(path, arr.shape, arr.dtype, rows, compression)
     yield f"{path}/zarr.json", [doc]
     tail = "/0" * (arr.ndim - 1)
     for i, start in enumerate(range(0, arr.shape[0], rows)):
@@ -199,12 +205,19 @@ class EncodedBatch:
 def encode_batch(attributes: dict[str, Any], arrays: Mapping[str, np.ndarray],
                  compression: Compression, *, chunk_bytes: int = CHUNK_BYTES) -> EncodedBatch:
     """The container of a batch group: every array's chunks first, then the documents (the
-    arrays' ``zarr.json`` and the group's, with ``attributes``).  Chunks hold at most
-    ``chunk_bytes`` before compression.  Raises :class:`~daskrl.UnsupportedDtypeError` for an
-    array that is not numeric or bool."""
+    arrays' ``zarr.json``, those of the groups of structured arrays (``observation/`` for
+    ``observation/desired_goal``), and the batch group's, with ``attributes``).  Chunks hold at
+    most ``chunk_bytes`` before compression.  Raises :class:`~daskrl.UnsupportedDtypeError` for
+    an array that is not numeric or bool."""
     chunks: list[tuple[str, list[Any]]] = []
     docs: list[tuple[str, list[Any]]] = []
+    groups: dict[str, None] = {}
     for name, arr in arrays.items():
+        parts_of = name.split("/")
+        for depth in range(1, len(parts_of)):
+            groups["/".join(parts_of[:depth])] = None
         for key, parts in _array_members(name, arr, Compression(compression), chunk_bytes):
             (docs if key.endswith("zarr.json") else chunks).append((key, parts))
-    return EncodedBatch([*chunks, *docs, ("zarr.json", [group_document(attributes)])])
+    group_docs = [(f"{g}/zarr.json", [_EMPTY_GROUP]) for g in groups]
+    return EncodedBatch([*chunks, *docs, *group_docs,
+                         ("zarr.json", [group_document(attributes)])])

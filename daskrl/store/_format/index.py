@@ -7,7 +7,8 @@ any chunk is read, checks:
 * the container (:mod:`.zip_container`: stored members only, no encryption, safe unique names,
   member extents inside the file and not overlapping);
 * every member name: ``zarr.json``, ``<array>/zarr.json`` or a chunk key ``<array>/c...`` of an
-  array that has a ``zarr.json`` (array names are identifiers);
+  array that has a ``zarr.json`` (array names are identifiers, or since 2.2 paths of them and
+  decimal indices, ``observation/desired_goal``, whose groups' ``zarr.json`` are never read);
 * each requested array's ``zarr.json`` against the allowlist (:mod:`.allowlist`), and its chunk
   members: keys of its grid, none larger than a chunk of it can be (a missing chunk reads as
   fill);
@@ -28,6 +29,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from daskrl._nested import valid_name
 from daskrl.errors import ArrayNotFoundError, BatchDataMissingError, StoreFormatError
 from daskrl.store._format import zip_container as zc
 from daskrl.store._format._limits import (
@@ -41,7 +43,7 @@ from daskrl.store._format.allowlist import ArrayLayout, parse_array_document
 
 __all__ = ["BatchIndex", "read_index", "refuse"]
 
-_MEMBER = re.compile(r"(?:([^/]+)/)?(zarr\.json|c(?:/\d+)*|c(?:\.\d+)+)")
+_DOT_CHUNK = re.compile(r"c(?:\.\d+)+")
 
 _CACHE: dict[tuple[Any, ...], Any] = {}
 """The reader's one cache, bounded by :data:`_CACHE_MAX` entries (cleared when full): directory
@@ -176,23 +178,54 @@ def _by_role(members: list[zc.Member], where: str
     docs: dict[str, zc.Member] = {}
     chunks: dict[str, dict[str, zc.Member]] = {}
     for m in members:
-        match = _MEMBER.fullmatch(m.name)
-        array, leaf = match.groups() if match else (None, None)
-        if match is None or (array is None and leaf != "zarr.json") or (
-                array is not None and not array.isidentifier()):
-            raise refuse(where, f"unexpected zip member {m.name!r} (expected zarr.json, "
-                                "<array>/zarr.json or <array>/c/<i>/...)")
-        if array is None:
+        array, leaf = _split_member(m.name)
+        if array is None or leaf is None or (array == "" and leaf != "zarr.json") or (
+                array != "" and not valid_name(array)):
+            raise refuse(where, f"unexpected zip member {_short(m.name)} (expected zarr.json, "
+                                "<array>/zarr.json or <array>/c/<i>/..., an array being named "
+                                "by identifiers and indices: observation, observation/goal, "
+                                "observation/0)")
+        if array == "":
             continue
         if leaf == "zarr.json":
             docs[array] = m
         else:
-            chunks.setdefault(array, {})[str(leaf)] = m
+            chunks.setdefault(array, {})[leaf] = m
     for array in chunks:
         if array not in docs:
             raise refuse(where, f"zip members {sorted(chunks[array])[:3]} of array {array!r} "
                                 "have no zarr.json")
+    # A name with names under it (observation of observation/goal) is a group: its zarr.json
+    # is never read, and it must have no chunks.
+    groups = {"/".join(p[:i]) for p in (n.split("/") for n in docs) for i in range(1, len(p))}
+    for g in groups & set(docs):
+        if g in chunks:
+            under = sorted(n for n in docs if n.startswith(g + "/"))
+            raise refuse(where, f"array {g!r} has chunks and arrays under it ({under[:3]}): "
+                                "a name is an array or a group, not both")
+        del docs[g]
     return docs, chunks
+
+
+def _split_member(name: str) -> tuple[str | None, str | None]:
+    """``(array, leaf)`` of a member name: ``("observation/goal", "zarr.json")``, ``("reward",
+    "c/0/0")``; ``("", "zarr.json")`` for the batch group's; ``(None, None)`` for anything
+    else.  A chunk key is the last ``c`` followed by decimal components only (an array may be
+    named ``c``: ``observation/c/c/0/0`` is a chunk of ``observation/c``)."""
+    parts = name.split("/")
+    last = parts[-1]
+    if last == "zarr.json" or _DOT_CHUNK.fullmatch(last):
+        return "/".join(parts[:-1]), last
+    for j in range(len(parts) - 1, -1, -1):
+        if parts[j] == "c":
+            return "/".join(parts[:j]), "/".join(parts[j:])
+        if not (parts[j].isascii() and parts[j].isdigit()):
+            break
+    return None, None
+
+
+def _short(value: str) -> str:
+    return repr(value) if len(value) <= 80 else repr(value[:77] + "...")
 
 
 def validate_arrays(source: ByteSource, index: BatchIndex, names: Sequence[str],
