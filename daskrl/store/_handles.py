@@ -145,6 +145,17 @@ class BatchHandle:
     def _load(self, device: torch.device | str | None, keys: Sequence[str] | None,
               storage_options: Mapping[str, Any] | None, store: TrajectoryStore | None,
               ) -> dict[str, Any]:
+        return self._store_for(
+            store, storage_options,
+            ". Load it through its store: handle.load(store=collector.store) or "
+            "open_store(url, storage_options).load(handle) (or pass "
+            "handle.load(storage_options=...))."
+        ).load(self, device, keys)
+
+    def _store_for(self, store: TrajectoryStore | None,
+                   storage_options: Mapping[str, Any] | None, hint: str) -> TrajectoryStore:
+        """The store to read this batch from: ``store``, the one the handle came with, or one
+        opened from its URL with ``storage_options`` (``hint``: what to do if it needs them)."""
         from daskrl.store._store import TrajectoryStore
 
         if store is None and storage_options is None:
@@ -153,15 +164,12 @@ class BatchHandle:
             if storage_options is not None:
                 raise UsageError("pass store= or storage_options=, not both: the store object "
                                  "has its own storage_options.")
-            return store.load(self, device, keys)
+            return store
         if storage_options is None and self.needs_options:
             raise StoreOptionsRequiredError(
                 f"batch {self.batch_id} is in the store {self.store!r}, which needs "
-                "storage_options, and a handle carries none. Load it through its store: "
-                "handle.load(store=collector.store) or open_store(url, storage_options)"
-                ".load(handle) (or pass handle.load(storage_options=...))."
-            )
-        return TrajectoryStore(self.store, storage_options).load(self, device, keys)
+                f"storage_options, and a handle carries none{hint}")
+        return TrajectoryStore(self.store, storage_options)
 
     def to_xarray(self, keys: Sequence[str] | None = None, *,
                   store: TrajectoryStore | None = None,
@@ -170,21 +178,10 @@ class BatchHandle:
         each array a variable with dimensions ``(time, env, <array>_0, ...)``, read through
         daskrl's checked reader when computed; attributes ``batch_id``, ``weights_version``,
         ``worker``, ``device``.  ``store`` and ``storage_options``: as for :meth:`load`."""
-        from daskrl.store._store import TrajectoryStore
         from daskrl.store._url import normalize_url
 
-        if store is None and storage_options is None:
-            store = self._store_object
-        if store is None:
-            if storage_options is None and self.needs_options:
-                raise StoreOptionsRequiredError(
-                    f"batch {self.batch_id} is in the store {self.store!r}, which needs "
-                    "storage_options, and a handle carries none: pass store= (e.g. "
-                    "collector.store) or storage_options=.")
-            store = TrajectoryStore(self.store, storage_options)
-        elif storage_options is not None:
-            raise UsageError("pass store= or storage_options=, not both: the store object "
-                             "has its own storage_options.")
+        store = self._store_for(store, storage_options,
+                                ": pass store= (e.g. collector.store) or storage_options=.")
         if normalize_url(self.store) != store.url:
             raise UsageError(f"the handle of batch {self.batch_id} belongs to the store "
                              f"{self.store!r}, not to {store.url!r}.")
