@@ -9,6 +9,7 @@ with bash (the ``#SBATCH`` lines are comments to bash) and check what the worker
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -483,7 +484,10 @@ def test_sbatch_set_on_real_slurm(slurm, tmp_path):
     while (state := slurm.jobs()[learner]["JobState"]) not in slurm_ended():
         assert time.monotonic() < deadline, slurm.jobs()
         time.sleep(1)
-        if state == "RUNNING" and not (shared / "checked").exists():
+        # The learner job runs from its start, while it waits for the scheduler job to write
+        # its file (scheduler.sbatch's python may still be importing): check once it has.
+        if (state == "RUNNING" and not (shared / "checked").exists()
+                and _scheduler_written(shared / "scheduler.json")):
             tls = shared / "tls"
             security = deploy.tls_security(str(tls / "ca.pem"), str(tls / "cert.pem"),
                                            str(tls / "key.pem"))
@@ -504,6 +508,14 @@ def test_sbatch_set_on_real_slurm(slurm, tmp_path):
     assert (shared / "checked").exists()
     slurm.cancel_all()  # scheduler and workers run until cancelled
     assert not Path(f"/tmp/daskrl-{workers}").exists()  # start-workers.sh cleaned up
+
+
+def _scheduler_written(path: Path) -> bool:
+    """Whether the scheduler has written its whole file (an address), as learner.sbatch waits."""
+    try:
+        return bool(json.loads(path.read_text())["address"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _frames(store: Path) -> int:
