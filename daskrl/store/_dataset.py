@@ -5,7 +5,8 @@
   ``shuffle=True`` for epochs over a fixed set of batches.
 * :class:`ReplayDataset` (iterable): samples forever (or ``num_samples``) from the batches
   committed *so far*, picking up new ones as workers commit them: each ``DataLoader`` worker
-  loads one random batch at a time and draws ``samples_per_batch`` samples from it.
+  keeps a pool of decoded batches, draws each sample from one of them, and replaces one batch
+  of the pool every ``samples_per_batch`` samples.
 
 Both take a store URL (with its ``storage_options``, if it needs any) or an open
 :class:`~daskrl.TrajectoryStore` (whose options they use), pickle as URL + ``storage_options``
@@ -16,7 +17,6 @@ cross episode boundaries: mask with ``terminated | truncated``).
 
 from __future__ import annotations
 
-import collections
 import os
 import time
 import warnings
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from daskrl._nested import tree_map
+from daskrl._nested import nest
 from daskrl.errors import (
     BatchNotFoundError,
     ConfigError,
@@ -35,6 +35,8 @@ from daskrl.errors import (
     StoreError,
     StoreRecordWarning,
 )
+from daskrl.store._batch_cache import BatchCache
+from daskrl.store._env_select import EnvFilter, env_matcher
 from daskrl.store._store import TrajectoryStore, open_store
 from daskrl.store._url import normalize_url
 
@@ -73,11 +75,9 @@ class _StoreSource:
             self._pid = os.getpid()
         return self._store
 
-    def sample(self, batch: Mapping[str, Any], t: int, e: int) -> dict[str, Any]:
-        # nested for the arrays of a Dict or Tuple space and of info, as load gives them
-        if self.sequence_length is None:
-            return tree_map(lambda v: v[t, e].clone(), dict(batch))
-        return tree_map(lambda v: v[t:t + self.length, e].clone(), dict(batch))
+    def load_flat(self, bid: int) -> dict[str, torch.Tensor]:
+        """Batch ``bid``'s arrays by flat name, read through the store's checked path."""
+        return self.store()._load_flat(bid, None, self.keys)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -99,15 +99,21 @@ class TransitionDataset(Dataset):
         of one env inside one batch, ``{key: [L, ...]}``.
     batch_ids
         Batches to cover (default: all committed now).
+    env
+        Only the batches of these envs (an index, a label, or a collection of them; see
+        ``store.handles(env=...)``); default: every env.
     storage_options
         For fsspec, with a URL (default: none; an open store brings its own).
     cache_batches
-        Batches each process keeps loaded (least recently used go first).
+        Most batches each process keeps decoded (default: as many as ``cache_bytes`` holds).
+    cache_bytes
+        Most bytes of decoded batches each process keeps (default 1 GiB; at least one batch
+        is always kept).  The least recently used batches go first.
 
     Items are ordered by batch id, then time, then env: item ``i`` of a batch ``[T, E]`` is
-    ``(t, e) = divmod(i, E)``.  Random access loads the batch holding the item, so shuffled
-    loading reads each batch about ``len / (cache_batches * batches)`` times; for a large store
-    sample with :class:`ReplayDataset` instead.
+    ``(t, e) = divmod(i, E)``.  ``dataset[i]`` reads one item; ``dataset[[i, j, ...]]``,
+    :meth:`get_batch` and ``__getitems__`` (which a ``DataLoader`` with ``batch_size=`` calls)
+    read a whole minibatch, each batch it needs once (see docs/reading.md).
     """
 
     def __init__(
@@ -117,28 +123,48 @@ class TransitionDataset(Dataset):
         *,
         sequence_length: int | None = None,
         batch_ids: Sequence[int] | None = None,
+        env: EnvFilter = None,
         storage_options: Mapping[str, Any] | None = None,
-        cache_batches: int = 4,
+        cache_batches: int | None = None,
+        cache_bytes: int = 2**30,
     ) -> None:
         self._src = _StoreSource(store, storage_options, keys, sequence_length)
-        if isinstance(cache_batches, bool) or not isinstance(cache_batches, int) or cache_batches < 1:
-            raise ConfigError(f"cache_batches must be an integer >= 1, got {cache_batches!r}.")
+        for name, v, none_ok in (("cache_batches", cache_batches, True),
+                                 ("cache_bytes", cache_bytes, False)):
+            _check_count(name, v, none_ok)
         self.cache_batches = cache_batches
-        records = self._src.store().records()
+        self.cache_bytes = cache_bytes
+        opened = self._src.store()
+        records = opened.records()
         ids = sorted(records) if batch_ids is None else list(batch_ids)
         missing = [b for b in ids if b not in records]
         if missing:
             raise BatchNotFoundError(f"no committed batches {missing} in store {self._src.url!r}.")
+        match = env_matcher(env, opened.runs)
+        if match is not None:
+            ids = [b for b in ids if match(records[b])]
         L = self._src.length
         shapes = [tuple(int(n) for n in records[b]["shape"]) for b in ids]
         counts = [max(0, T - L + 1) * E for T, E in shapes]
         self.batch_ids = ids
-        self._envs = np.array([E for _, E in shapes], np.int64)
+        self._ids = np.array(ids, np.int64)
+        self._envs = np.array([max(1, E) for _, E in shapes], np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        self._cache: collections.OrderedDict[int, dict[str, torch.Tensor]] = collections.OrderedDict()
+        self._slot_rows = max([T * E for (T, E), c in zip(shapes, counts) if c] or [1])
+        self._with_items = sum(1 for c in counts if c)
+        self._cache: BatchCache | None = None
 
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    @property
+    def cache(self) -> BatchCache:
+        """This process's cache of decoded batches."""
+        if self._cache is None:
+            self._cache = BatchCache(self._src.load_flat, slot_rows=self._slot_rows,
+                                     max_batches=self.cache_batches, max_bytes=self.cache_bytes,
+                                     most_batches=self._with_items)
+        return self._cache
 
     def locate(self, index: int) -> tuple[int, int, int]:
         """``(batch_id, t, e)`` of item ``index``."""
@@ -152,29 +178,64 @@ class TransitionDataset(Dataset):
         t, e = divmod(i - int(self._starts[b]), int(self._envs[b]))
         return self.batch_ids[b], t, e
 
-    def _batch(self, bid: int) -> dict[str, torch.Tensor]:
-        batch = self._cache.get(bid)
-        if batch is None:
-            batch = self._src.store().load(bid, keys=self._src.keys)
-            self._cache[bid] = batch
-            while len(self._cache) > self.cache_batches:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(bid)
-        return batch
+    def _positions(self, indices: Sequence[int] | np.ndarray | torch.Tensor,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if isinstance(indices, torch.Tensor):
+            indices = indices.numpy(force=True)
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or not (idx.dtype.kind in "iu" or idx.size == 0):
+            raise DatasetIndexError(
+                f"a minibatch is a 1-d sequence of integer indices, got an array of shape "
+                f"{list(idx.shape)} and dtype {idx.dtype}.")
+        if idx.size == 0:
+            raise DatasetIndexError("a minibatch needs at least one index, got none.")
+        n = len(self)
+        idx = idx.astype(np.int64)
+        idx = np.where(idx < 0, idx + n, idx)
+        bad = np.flatnonzero((idx < 0) | (idx >= n))
+        if len(bad):
+            raise DatasetIndexError(f"index {np.asarray(indices)[bad[0]]} out of range for a "
+                                    f"dataset of {n} items.")
+        b = np.searchsorted(self._starts, idx, side="right") - 1
+        t, e = np.divmod(idx - self._starts[b], self._envs[b])
+        return self._ids[b], t, e
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        bid, t, e = self.locate(index)
-        return self._src.sample(self._batch(bid), t, e)
+    def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> dict[str, Any]:
+        """Items ``indices`` stacked: ``{key: [n, ...]}`` (``[n, L, ...]`` for windows), nested
+        as items are.  Each batch the items lie in is read once (none if it is cached)."""
+        bids, t, e = self._positions(indices)
+        return nest(self.cache.gather(bids, t, e, self._src.sequence_length))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Items ``indices``, read as by :meth:`get_batch` (a ``DataLoader``'s fetcher calls
+        this for a minibatch, then collates the items)."""
+        return _split(self.cache.gather(*self._positions(indices), self._src.sequence_length))
+
+    def __getitem__(self, index: Any) -> dict[str, Any]:
+        if isinstance(index, (int, np.integer)) or (
+                isinstance(index, torch.Tensor) and index.ndim == 0):
+            bid, t, e = self.locate(int(index))
+            arrays = self.cache.get(bid).arrays
+            L = self._src.length
+            if self._src.sequence_length is None:
+                return nest({k: v[t, e].clone() for k, v in arrays.items()})
+            return nest({k: v[t:t + L, e].clone() for k, v in arrays.items()})
+        return self.get_batch(index)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_cache"] = collections.OrderedDict()
+        state["_cache"] = None
         return state
 
 
 class ReplayDataset(IterableDataset):
     """Iterable dataset sampling transitions (or windows) from the batches committed so far.
+
+    Each ``DataLoader`` worker keeps a pool of ``resident_batches`` decoded batches, drawn at
+    random among those committed, and draws every sample from a batch of the pool chosen at
+    random for that sample; after each ``samples_per_batch`` samples, the pool's oldest batch
+    makes way for a newly drawn one.  So a minibatch mixes up to ``resident_batches`` batches,
+    and a batch is read once per ``samples_per_batch`` samples, as before.
 
     Parameters
     ----------
@@ -185,7 +246,8 @@ class ReplayDataset(IterableDataset):
     sequence_length
         None: one transition per sample; ``L``: windows of ``L`` steps of one env.
     samples_per_batch
-        Samples drawn (uniformly, with replacement) from each batch loaded.
+        Samples drawn per batch read (one batch of the pool is replaced after each
+        ``samples_per_batch`` samples).
     num_samples
         Total samples per epoch, split across ``DataLoader`` workers; None: endless.
     window
@@ -199,6 +261,14 @@ class ReplayDataset(IterableDataset):
         read (data missing or damaged) are skipped with a :class:`~daskrl.StoreRecordWarning`.
     storage_options
         For fsspec, with a URL (default: none; an open store brings its own).
+    resident_batches
+        Batches in each worker's pool (memory: that many decoded batches per worker; 1 draws
+        every ``samples_per_batch`` samples from one batch).
+    batch_size
+        None: yield one sample at a time (use ``DataLoader(..., batch_size=n)``).  ``n``: yield
+        minibatches of ``n`` samples, stacked (use ``DataLoader(..., batch_size=None)``).
+    env
+        Only the batches of these envs (as ``store.handles(env=...)``); default: every env.
     """
 
     def __init__(
@@ -213,23 +283,28 @@ class ReplayDataset(IterableDataset):
         seed: int = 0,
         wait_seconds: float = 60.0,
         storage_options: Mapping[str, Any] | None = None,
+        resident_batches: int = 8,
+        batch_size: int | None = None,
+        env: EnvFilter = None,
     ) -> None:
         self._src = _StoreSource(store, storage_options, keys, sequence_length)
         for name, v, none_ok in (("samples_per_batch", samples_per_batch, False),
-                                 ("num_samples", num_samples, True), ("window", window, True)):
-            if (v is None and not none_ok) or (
-                v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
-            ):
-                raise ConfigError(f"{name} must be an integer >= 1{' or None' if none_ok else ''},"
-                                  f" got {v!r}.")
+                                 ("num_samples", num_samples, True), ("window", window, True),
+                                 ("resident_batches", resident_batches, False),
+                                 ("batch_size", batch_size, True)):
+            _check_count(name, v, none_ok)
         self.samples_per_batch = samples_per_batch
         self.num_samples = num_samples
         self.window = window
         self.seed = seed
         self.wait_seconds = wait_seconds
+        self.resident_batches = resident_batches
+        self.batch_size = batch_size
+        self.env = env
+        env_matcher(env, dict)  # a bad selector fails here, not in a loader worker
         self._epoch = 0
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         quota = None
@@ -239,44 +314,29 @@ class ReplayDataset(IterableDataset):
         # torch.manual_seed; in the main process, count epochs.
         rng = np.random.default_rng([self.seed, info.seed if info is not None else self._epoch])
         self._epoch += 1
-        store = self._src.store()
-        L = self._src.length
-        produced = 0
+        pool = _Pool(self, rng, quota)
+        produced = due = 0
         # Raise once no batch could be loaded for wait_seconds (before the first, or since the
         # last): batches that cannot be read are skipped, with a warning, never retried forever.
         deadline = time.monotonic() + self.wait_seconds
-        unreadable: dict[int, str] = {}
         while quota is None or produced < quota:
-            recs = store.records()
-            ids = [b for b in recs if int(recs[b]["shape"][0]) >= L and b not in unreadable]
-            if self.window is not None:
-                ids = ids[-self.window:]
-            if not ids:
+            rotate, due = divmod(due, self.samples_per_batch)
+            pool.refresh(rotate)
+            if not pool.bids:
                 if time.monotonic() > deadline:
-                    raise self._nothing_to_sample(L, unreadable)
+                    raise self._nothing_to_sample(self._src.length, pool.unreadable)
                 time.sleep(0.2)
                 continue
-            bid = ids[int(rng.integers(len(ids)))]
-            try:
-                batch = store.load(bid, keys=self._src.keys)
-            except BatchNotFoundError:  # deleted meanwhile (keep_last): pick another
-                if time.monotonic() > deadline:
-                    raise self._nothing_to_sample(L, unreadable) from None
-                continue
-            except StoreError as err:  # committed but unreadable: damaged, or data missing
-                unreadable[bid] = str(err)
-                warnings.warn(StoreRecordWarning(
-                    f"ReplayDataset skips batch {bid}, which cannot be read: {err}"), stacklevel=2)
-                continue
             deadline = time.monotonic() + self.wait_seconds
-            T, E = (int(n) for n in recs[bid]["shape"])
-            n = self.samples_per_batch if quota is None else min(self.samples_per_batch,
-                                                                  quota - produced)
-            ts = rng.integers(0, T - L + 1, n)
-            es = rng.integers(0, E, n)
-            for t, e in zip(ts.tolist(), es.tolist()):
-                yield self._src.sample(batch, t, e)
+            n = self.batch_size or self.samples_per_batch
+            n = n if quota is None else min(n, quota - produced)
+            flat = pool.draw(n)
+            if self.batch_size is not None:
+                yield nest(flat)
+            else:
+                yield from _split(flat)
             produced += n
+            due += n
 
     def _nothing_to_sample(self, length: int, unreadable: Mapping[int, str]) -> StoreError:
         if unreadable:
@@ -290,3 +350,105 @@ class ReplayDataset(IterableDataset):
             f"no batch with at least {length} steps appeared in {self._src.url!r} within "
             f"{self.wait_seconds:.0f}s; is a collector writing to it?"
         )
+
+
+class _Pool:
+    """One iteration's resident batches of a :class:`ReplayDataset` (oldest first)."""
+
+    def __init__(self, ds: ReplayDataset, rng: np.random.Generator, quota: int | None) -> None:
+        self.ds, self.rng = ds, rng
+        self.store = ds._src.store()
+        self.length = ds._src.length
+        self.size = ds.resident_batches
+        if quota is not None:  # a short epoch reads no more batches than before
+            self.size = min(self.size, -(-quota // ds.samples_per_batch))
+        self.bids: list[int] = []
+        self.shapes: dict[int, tuple[int, int]] = {}
+        self.unreadable: dict[int, str] = {}
+        self.cache: BatchCache | None = None
+        self.match = env_matcher(ds.env, self.store.runs)
+
+    def _eligible(self) -> list[int]:
+        recs = self.store.records()
+        ids = [b for b in recs if int(recs[b]["shape"][0]) >= self.length
+               and b not in self.unreadable and (self.match is None or self.match(recs[b]))]
+        if self.ds.window is not None:
+            ids = ids[-self.ds.window:]
+        for b in ids:
+            if b not in self.shapes:
+                T, E = (int(n) for n in recs[b]["shape"])
+                self.shapes[b] = (T, E)
+        return ids
+
+    def refresh(self, rotate: int) -> None:
+        """Drop batches no longer eligible (deleted, out of the window), fill the pool, and
+        replace its ``rotate`` oldest batches with new ones (where there are others)."""
+        ids = self._eligible()
+        eligible = set(ids)
+        for b in [b for b in self.bids if b not in eligible]:
+            self._drop(b)
+        if self.cache is None and ids:
+            self.cache = BatchCache(self.ds._src.load_flat,
+                                    slot_rows=max(T * E for T, E in self.shapes.values()),
+                                    max_batches=None, max_bytes=2**62, most_batches=self.size + 1)
+        target = min(self.size, len(ids))
+        wanted = target - len(self.bids) + min(rotate, len(self.bids))
+        gone: set[int] = set()
+        while wanted > 0:
+            bid = self._pick(ids, gone)
+            if bid is None:
+                return
+            try:
+                assert self.cache is not None
+                self.cache.get(bid)
+            except BatchNotFoundError:  # deleted meanwhile (keep_last): pick another
+                gone.add(bid)
+                continue
+            except StoreError as err:  # committed but unreadable: damaged, or data missing
+                self.unreadable[bid] = str(err)
+                warnings.warn(StoreRecordWarning(
+                    f"ReplayDataset skips batch {bid}, which cannot be read: {err}"), stacklevel=4)
+                continue
+            if len(self.bids) >= target:
+                self._drop(self.bids[0])
+            self.bids.append(bid)
+            wanted -= 1
+
+    def _pick(self, ids: list[int], gone: set[int]) -> int | None:
+        """A random eligible batch not in the pool (None if there is none)."""
+        skip = set(self.bids) | gone | set(self.unreadable)
+        for _ in range(8):  # most draws hit a batch outside the pool
+            b = ids[int(self.rng.integers(len(ids)))]
+            if b not in skip:
+                return b
+        rest = [b for b in ids if b not in skip]
+        return rest[int(self.rng.integers(len(rest)))] if rest else None
+
+    def _drop(self, bid: int) -> None:
+        self.bids.remove(bid)
+        if self.cache is not None:
+            self.cache.drop(bid)
+
+    def draw(self, n: int) -> dict[str, torch.Tensor]:
+        """``n`` samples, each from a batch of the pool drawn for it."""
+        assert self.cache is not None
+        T, E = (np.array(v, np.int64) for v in zip(*(self.shapes[b] for b in self.bids)))
+        which = self.rng.integers(len(self.bids), size=n)
+        t = self.rng.integers(0, T[which] - self.length + 1)
+        e = self.rng.integers(0, E[which])
+        return self.cache.gather(np.array(self.bids, np.int64)[which], t, e,
+                                 self.ds._src.sequence_length)
+
+
+def _check_count(name: str, v: Any, none_ok: bool) -> None:
+    if (v is None and not none_ok) or (
+            v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1)):
+        raise ConfigError(f"{name} must be an integer >= 1{' or None' if none_ok else ''}, "
+                          f"got {v!r}.")
+
+
+def _split(flat: Mapping[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """The samples of a stacked minibatch, each nested as an item is (views of ``flat``)."""
+    columns = {k: v.unbind(0) for k, v in flat.items()}
+    n = len(next(iter(columns.values()), ()))
+    return [nest({k: c[i] for k, c in columns.items()}) for i in range(n)]
