@@ -106,7 +106,9 @@ class BatchCache:
             arrays = {}
             for k, v in flat.items():
                 view = self._area[k][base:base + T * E].view(v.shape)
-                view.copy_(v)
+                # numpy's copy: torch's spreads a large copy over its intra-op threads, which
+                # costs 100x more on a busy machine
+                np.copyto(view.numpy(), v.numpy())
                 arrays[k] = view
             res = Resident(bid, T, E, arrays, base, self._slot_bytes)
         else:  # another layout, or every slot holds a batch the current read needs
