@@ -25,6 +25,7 @@ best of ``--repeats``; the ratios are against the floor measured in the same run
 machine the numbers are noisy: run it several times and compare the spread.
 
 Run:  python benchmarks/bench_readers.py [--batches 64] [--minibatch 256] [--repeats 3]
+      [--item-only]  (the floor and item reads only: runs against earlier versions of daskrl)
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def _rate(fn: Callable[[], int], repeats: int) -> float:
     return best
 
 
-def run(batches: int, minibatch: int, repeats: int, items: int, base: str) -> list[dict]:
+def run(batches: int, minibatch: int, repeats: int, items: int, base: str,
+        item_only: bool = False) -> list[dict]:
     url = f"{base}/store"
     floor_arrays = _write(url, batches)
     N = len(floor_arrays["reward"])
@@ -101,8 +103,9 @@ def run(batches: int, minibatch: int, repeats: int, items: int, base: str) -> li
             {k: torch.from_numpy(a[idx]) for k, a in floor_arrays.items()}
         return N
 
-    hot = daskrl.TransitionDataset(url, KEYS)
-    hot.get_batch(np.arange(0, N, 4096))  # every batch cached: the item reads' best case
+    hot = daskrl.TransitionDataset(url, KEYS, cache_batches=batches)
+    for i in range(0, N, 4096):  # every batch cached: the item reads' best case
+        hot[i]
     sub = perm[:items]
 
     def item_by_item() -> int:
@@ -127,10 +130,34 @@ def run(batches: int, minibatch: int, repeats: int, items: int, base: str) -> li
         return n
 
     warm = daskrl.TransitionDataset(url, KEYS)
-    epoch(batched_loader(warm))
+    if not item_only:
+        epoch(batched_loader(warm))
 
     def collated() -> int:
         return epoch(DataLoader(warm, batch_size=minibatch, shuffle=True))
+
+    per_batch = sum(a.nbytes for a in floor_arrays.values()) // batches
+    small = per_batch * batches // 4 + 1  # a cache of a quarter of the store
+    reads: dict[str, float] = {}
+
+    def grouped() -> int:  # a store 4x larger than the cache, each batch read once
+        from daskrl.store import GroupShuffleSampler  # (not in daskrl before batched reads)
+
+        ds = daskrl.TransitionDataset(url, KEYS, cache_bytes=small)
+        sampler = GroupShuffleSampler(ds, minibatch, resident_batches=max(1, batches // 8))
+        n = epoch(DataLoader(ds, sampler=sampler, batch_size=None))
+        reads["grouped"] = ds.cache.loads / batches
+        return n
+
+    def random_small() -> int:  # the same cache, uniform shuffling: 16 minibatches only
+        ds = daskrl.TransitionDataset(url, KEYS, cache_bytes=small)
+        n = 0
+        for i, b in enumerate(batched_loader(ds)):
+            n += len(b["reward"])
+            if i == 15:
+                break
+        reads["random"] = ds.cache.loads / batches * (N / n)  # extrapolated to an epoch
+        return n
 
     def replay(resident: int, stacked: bool) -> Callable[[], int]:
         total = 64 * minibatch
@@ -147,16 +174,26 @@ def run(batches: int, minibatch: int, repeats: int, items: int, base: str) -> li
     measures = [
         ("numpy floor (in RAM)", f),
         ("TransitionDataset item by item", _rate(item_by_item, repeats)),
-        ("TransitionDataset batched, epoch 1 (reads)", _rate(batched_cold, repeats)),
-        ("TransitionDataset batched, cached", _rate(lambda: epoch(batched_loader(warm)), repeats)),
-        ("TransitionDataset batched, collated", _rate(collated, repeats)),
-        ("ReplayDataset samples, 8 resident", _rate(replay(8, False), repeats)),
-        ("ReplayDataset minibatches, 8 resident", _rate(replay(8, True), repeats)),
-        ("ReplayDataset minibatches, 1 resident", _rate(replay(1, True), repeats)),
     ]
+    if not item_only:
+        measures += [
+            ("TransitionDataset batched, epoch 1 (reads)", _rate(batched_cold, repeats)),
+            ("TransitionDataset batched, cached", _rate(lambda: epoch(batched_loader(warm)), repeats)),
+            ("TransitionDataset batched, collated", _rate(collated, repeats)),
+            ("batched, cache 1/4 of store, GroupShuffleSampler", _rate(grouped, repeats)),
+            ("batched, cache 1/4 of store, RandomSampler", _rate(random_small, repeats)),
+            ("ReplayDataset samples, 8 resident", _rate(replay(8, False), repeats)),
+            ("ReplayDataset minibatches, 8 resident", _rate(replay(8, True), repeats)),
+            ("ReplayDataset minibatches, 1 resident", _rate(replay(1, True), repeats)),
+        ]
     item = measures[1][1]
     for name, r in measures:
         rows.append({"reader": name, "samples_s": r, "vs_floor": r / f, "vs_item": r / item})
+    for row in rows:
+        if row["reader"].endswith("GroupShuffleSampler"):
+            row["reads_per_batch_epoch"] = reads["grouped"]
+        elif row["reader"].endswith("RandomSampler"):
+            row["reads_per_batch_epoch"] = reads["random"]
     return rows
 
 
@@ -168,19 +205,24 @@ def main() -> None:
     p.add_argument("--items", type=int, default=16384, help="items read one by one")
     p.add_argument("--dir", default=None, help="directory for the store (default: tmp)")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    p.add_argument("--item-only", action="store_true",
+                   help="only the floor and item reads (runs against older daskrl versions too)")
     args = p.parse_args()
     base = tempfile.mkdtemp(prefix="daskrl-bench-readers-", dir=args.dir)
     try:
-        rows = run(args.batches, args.minibatch, args.repeats, args.items, base)
+        rows = run(args.batches, args.minibatch, args.repeats, args.items, base, args.item_only)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(f"{args.batches} batches x 4096 transitions, minibatches of {args.minibatch}, "
           f"arrays {', '.join(KEYS)}; best of {args.repeats}")
-    head = f"{'reader':44s} {'samples/s':>11s} {'vs floor':>9s} {'vs item':>8s}"
+    head = (f"{'reader':50s} {'samples/s':>11s} {'vs floor':>9s} {'vs item':>8s} "
+            f"{'reads/batch/epoch':>17s}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['reader']:44s} {r['samples_s']:11.0f} {r['vs_floor']:9.3f} {r['vs_item']:8.1f}")
+        reads = r.get("reads_per_batch_epoch")
+        print(f"{r['reader']:50s} {r['samples_s']:11.0f} {r['vs_floor']:9.3f} {r['vs_item']:8.1f} "
+              f"{'' if reads is None else f'{reads:17.1f}'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

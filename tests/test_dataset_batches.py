@@ -17,7 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 
 import daskrl
 from daskrl import ConfigError, DatasetIndexError
-from daskrl.store import TrajectoryStore
+from daskrl.store import GroupShuffleSampler, TrajectoryStore
 from daskrl.testing import CountingEnv, TagPolicy
 
 RUN1 = 1_000_000_000
@@ -303,3 +303,30 @@ def test_reads_go_through_the_stores_checks(tmp_path):
     (tmp_path / "s" / path).write_bytes(data[:-200] + bytes(200))  # damaged container
     with pytest.raises(daskrl.StoreError):
         fresh.get_batch([3 * 32])
+
+
+def test_group_shuffle_sampler_reads_each_batch_once_with_a_small_cache(tmp_path):
+    url = str(tmp_path / "s")
+    _tagged_store(url, 12)
+    per_batch = 8 * 4 * 8 * 2  # origin and value, int64 [8, 4]
+    ds = daskrl.TransitionDataset(url, ["origin", "value"], cache_bytes=4 * per_batch)
+    sampler = GroupShuffleSampler(ds, 10, resident_batches=2, seed=5)
+    batches = list(DataLoader(ds, sampler=sampler, batch_size=None))
+    assert len(batches) == len(sampler) == -(-len(ds) // 10)
+    assert ds.cache.slots == 4 and ds.cache.loads == 12  # each batch read once in the epoch
+    values = torch.cat([b["value"] for b in batches])
+    assert sorted(values.tolist()) == sorted(ds.get_batch(np.arange(len(ds)))["value"].tolist())
+    for b in batches:  # a minibatch holds the items of at most two groups of two batches
+        assert len(set(b["origin"].tolist())) <= 4
+        _check_real(b["origin"], b["value"])
+    assert np.mean([len(set(b["origin"].tolist())) for b in batches]) > 1.5  # they mix
+    again = list(GroupShuffleSampler(ds, 10, resident_batches=2, seed=5))
+    assert again == [b for b in GroupShuffleSampler(ds, 10, resident_batches=2, seed=5)]
+    nxt = GroupShuffleSampler(ds, 10, resident_batches=2, seed=5)
+    first, second = list(nxt), list(nxt)
+    assert first != second and sorted(i for b in first for i in b) == sorted(i for b in second for i in b)
+    assert all(len(b) == 10 for b in GroupShuffleSampler(ds, 10, drop_last=True))
+    with pytest.raises(ConfigError, match=re.escape("resident_batches must be an integer >= 1")):
+        GroupShuffleSampler(ds, 10, resident_batches=0)
+    with pytest.raises(ConfigError, match=re.escape("samples a daskrl.TransitionDataset")):
+        GroupShuffleSampler(list(range(5)), 2)
