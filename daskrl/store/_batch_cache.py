@@ -163,13 +163,21 @@ class BatchCache:
         :attr:`slots` batches when more are asked for than the area holds)."""
         uniq, inverse = np.unique(bids, return_inverse=True)
         inverse = inverse.ravel()
+        ids = uniq.tolist()
+        hits = [self._entries.get(b) for b in ids]
+        if all(r is not None and r.base is not None for r in hits):  # all resident, in the area
+            for b in ids:
+                self._entries.move_to_end(b)
+            base = np.array([r.base for r in hits], np.int64)  # type: ignore[union-attr]
+            envs = np.array([r.E for r in hits], np.int64)  # type: ignore[union-attr]
+            return _Wave(self, inverse, t, e, length, base, envs, {}).flush(0, len(ids))
         base = np.full(len(uniq), -1, np.int64)
         envs = np.zeros(len(uniq), np.int64)
         loose: dict[int, Resident] = {}
         w = _Wave(self, inverse, t, e, length, base, envs, loose)
         start = in_area = 0
         try:
-            for j, bid in enumerate(uniq.tolist()):
+            for j, bid in enumerate(ids):
                 if self.slots and in_area >= self.slots and bid not in self._entries:
                     w.flush(start, j)  # the area is full of this read's batches
                     self._pinned.clear()
@@ -212,6 +220,9 @@ class _Wave:
         """Gather the samples of distinct batches ``j0 .. j1 - 1`` (all resident, pinned)."""
         n = len(self.inverse)
         every = j0 == 0 and j1 == len(self.base)
+        if every and not self.loose:  # one wave, all in the area: one gather per array
+            idx = self._rows(slice(None), self.base[self.inverse])
+            return {k: self._shaped(a.index_select(0, idx), n) for k, a in self.cache._area.items()}
         sel = np.arange(n) if every else np.flatnonzero((self.inverse >= j0) & (self.inverse < j1))
         groups: list[tuple[np.ndarray, dict[str, torch.Tensor]]] = []
         in_area = sel[self.base[self.inverse[sel]] >= 0]
