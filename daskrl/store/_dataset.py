@@ -321,7 +321,8 @@ class ReplayDataset(IterableDataset):
         deadline = time.monotonic() + self.wait_seconds
         while quota is None or produced < quota:
             rotate, due = divmod(due, self.samples_per_batch)
-            pool.refresh(rotate)
+            if rotate or not pool.bids:  # the listing is read once per samples_per_batch
+                pool.refresh(rotate)
             if not pool.bids:
                 if time.monotonic() > deadline:
                     raise self._nothing_to_sample(self._src.length, pool.unreadable)
