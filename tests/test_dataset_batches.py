@@ -330,3 +330,27 @@ def test_group_shuffle_sampler_reads_each_batch_once_with_a_small_cache(tmp_path
         GroupShuffleSampler(ds, 10, resident_batches=0)
     with pytest.raises(ConfigError, match=re.escape("samples a daskrl.TransitionDataset")):
         GroupShuffleSampler(list(range(5)), 2)
+
+
+@pytest.mark.timeout(120)
+def test_replay_pool_follows_new_batches_and_the_window(tmp_path):
+    url = str(tmp_path / "s")
+    _tagged_store(url, 2)
+    ds = daskrl.ReplayDataset(url, ["origin", "value"], samples_per_batch=16, batch_size=16,
+                              resident_batches=2, window=2, seed=0)
+    it = iter(ds)
+    assert set(next(it)["origin"].tolist()) <= {0, 1}
+    w = TrajectoryStore(url, read_only=False)
+    t, e = np.meshgrid(np.arange(8), np.arange(4), indexing="ij")
+    for b in (2, 3):  # committed while the dataset samples: the window moves to [2, 3]
+        w.write_batch(b, {"origin": np.full((8, 4), b, np.int64), "value": 1000 * b + 10 * t + e,
+                          "reward": np.zeros((8, 4), np.float32)},
+                      {"frames": 32, "weights_version": 0, "worker": "w", "device": "cpu",
+                       "episode_returns": [], "episode_lengths": [], "shape": [8, 4]})
+    later = [next(it) for _ in range(4)]
+    # the next refresh (before the next minibatch) drops 0 and 1, out of the window, and fills
+    # the pool with 2 and 3
+    for b in later:
+        assert set(b["origin"].tolist()) <= {2, 3}
+        _check_real(b["origin"], b["value"])
+    assert {o for b in later for o in b["origin"].tolist()} >= {2, 3}
