@@ -1,8 +1,10 @@
 """``torch.utils.data`` datasets over a store: a replay buffer backed by the shared filesystem.
 
 * :class:`TransitionDataset` (map-style): every transition, or every ``sequence_length``-step
-  window, of the batches committed when it was made; use it with a ``DataLoader`` and
-  ``shuffle=True`` for epochs over a fixed set of batches.
+  window, of the batches committed when it was made, for epochs over a fixed set of batches;
+  read whole minibatches (``DataLoader(ds, sampler=BatchSampler(...), batch_size=None)``, or
+  :class:`~daskrl.store.GroupShuffleSampler` for a store larger than the cache), each batch
+  they need read once, through a bounded cache of decoded batches (:mod:`._batch_cache`).
 * :class:`ReplayDataset` (iterable): samples forever (or ``num_samples``) from the batches
   committed *so far*, picking up new ones as workers commit them: each ``DataLoader`` worker
   keeps a pool of decoded batches, draws each sample from one of them, and replaces one batch
