@@ -14,40 +14,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ale_py  # the atari extra (in the test extra: pip install -e ".[test]")
 import gymnasium as gym
 import numpy as np
 import pytest
+from env_replay import replay, stream_data
 
 import daskrl
 from daskrl.testing import SpacePolicy, check_episode_continuity
-
-pytest.importorskip("ale_py", reason="the atari extra: pip install -e '.[atari]'")
 
 ENV = "ALE/Pong-v5"
 ENV_KWARGS = {"frameskip": 1}  # AtariPreprocessing skips the frames (4) and max-pools them
 WRAPPERS = ["gymnasium.wrappers.AtariPreprocessing",
             "gymnasium.wrappers.FrameStackObservation:stack_size=4"]
 FRAME = (4, 84, 84)
-KEYS = ("observation", "next_observation", "action", "reward", "terminated", "truncated",
-        "step", "episode_id")
 
 
 def make_pong(max_episode_steps: int) -> gym.Env:
     """The env as the test builds it, with gymnasium alone (not daskrl's code)."""
-    import ale_py
-
     gym.register_envs(ale_py)
     env = gym.make(ENV, **ENV_KWARGS)
     env = gym.wrappers.AtariPreprocessing(env)
     env = gym.wrappers.FrameStackObservation(env, stack_size=4)
     return gym.wrappers.TimeLimit(env, max_episode_steps=max_episode_steps)
-
-
-def stream_data(store: daskrl.TrajectoryStore) -> dict[str, np.ndarray]:
-    """The batches of a one-stream store, in batch order, joined along time: ``[T, E, ...]``."""
-    handles = sorted(store.handles(), key=lambda h: h.batch_id)
-    loaded = [h.load() for h in handles]
-    return {k: np.concatenate([b[k].numpy() for b in loaded]) for k in KEYS}
 
 
 def check_pong_store(url: str, seed: int, n_envs: int, max_episode_steps: int,
@@ -56,7 +45,7 @@ def check_pong_store(url: str, seed: int, n_envs: int, max_episode_steps: int,
     store = daskrl.open_store(url)
     assert store.frames == frames
     check_episode_continuity(store)
-    d = stream_data(store)
+    d = stream_data(url)
     obs, nxt, step = d["observation"], d["next_observation"], d["step"]
     T = frames // n_envs
     assert obs.shape == nxt.shape == (T, n_envs, *FRAME)
@@ -74,23 +63,8 @@ def check_pong_store(url: str, seed: int, n_envs: int, max_episode_steps: int,
     assert len(first) >= 2 * n_envs
     np.testing.assert_array_equal(first, np.repeat(first[:, :1], 4, axis=1))
     assert not (obs == obs[:, :, :1]).all()  # ... and the game moves after it
-    # Byte for byte what the env gives: re-step each env from daskrl's seed for it (env i of
-    # stream 0: SeedSequence([seed, 0]).spawn(E)[i], docs/reproducibility.md) with the
-    # recorded actions; its later resets continue its own generator, as daskrl's do.
-    seeds = [int(s.generate_state(1)[0])
-             for s in np.random.SeedSequence([seed, 0]).spawn(n_envs)]
-    for i, env_seed in enumerate(seeds):
-        env = make_pong(max_episode_steps)
-        frame, _ = env.reset(seed=env_seed)
-        for t in range(T):
-            assert obs[t, i].tobytes() == frame.tobytes(), (i, t)
-            frame, reward, terminated, truncated, _ = env.step(int(d["action"][t, i]))
-            assert nxt[t, i].tobytes() == frame.tobytes(), (i, t)
-            assert (reward, terminated, truncated) == (
-                d["reward"][t, i], d["terminated"][t, i], d["truncated"][t, i]), (i, t)
-            if terminated or truncated:
-                frame, _ = env.reset()
-        env.close()
+    # Byte for byte what the env gives, every frame of every step.
+    replay(lambda: make_pong(max_episode_steps), d, seed, env_action=int)
     return d
 
 
