@@ -112,3 +112,16 @@ def test_pong_through_the_cli_with_wrappers(tmp_path):
     d = check_pong_store(url, seed=3, n_envs=2, max_episode_steps=20, frames=128)
     assert "log_prob" in daskrl.open_store(url).handles()[0].load()  # the CLI's MLP policy
     assert len(np.unique(d["action"])) > 1
+
+
+def test_pong_without_frameskip_1_exits_3_naming_the_wrapper(tmp_path):
+    # AtariPreprocessing skips frames itself; on an env that also skips, the learner's probe
+    # refuses it before any cluster starts.
+    cmd = [sys.executable, "-m", "daskrl.cli", "collect", "--env", ENV,
+           "--store", str(tmp_path / "s"), "--wrapper", WRAPPERS[0], "--no-tls"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 3, out.stderr
+    assert "wrapper 'gymnasium.wrappers.AtariPreprocessing' failed on env 'ALE/Pong-v5'" in (
+        out.stderr)
+    assert "Disable frame-skipping" in out.stderr
+    assert not (tmp_path / "s").exists()
