@@ -30,7 +30,6 @@ import time
 import typing
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm

@@ -31,7 +31,6 @@ import typing
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import torch
 from tqdm import tqdm
 
