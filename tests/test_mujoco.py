@@ -24,6 +24,14 @@ LOW, HIGH = -1.0, 1.0  # HalfCheetah's action bounds
 assert mujoco.__version__
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    """MuJoCo 4 logs gymnasium's HalfCheetah model's deprecated 'settotalmass' to
+    MUJOCO_LOG.TXT in the working directory of each process that builds the env: the test's
+    (its in-process workers and the envs it re-steps) and the CLI's are tmp_path."""
+    monkeypatch.chdir(tmp_path)
+
+
 def make_cheetah(max_episode_steps: int, dtype: type | None = None) -> gym.Env:
     """The env as the test builds it, with gymnasium alone (not daskrl's code)."""
     env = gym.make(ENV)
@@ -52,12 +60,8 @@ def check_cheetah_store(url: str, frames: int, n_envs: int, limit: int,
 
 
 @pytest.mark.timeout(400)
-def test_halfcheetah_float64_round_trip_and_actions_in_bounds(inproc_client, tmp_path,
-                                                              monkeypatch):
-    # MuJoCo 4 logs gymnasium's HalfCheetah model's deprecated 'settotalmass' to
-    # MUJOCO_LOG.TXT in the working directory: the test's, for this process and its workers.
-    monkeypatch.chdir(tmp_path)
-    client = inproc_client
+def test_halfcheetah_float64_round_trip_and_actions_in_bounds(inproc_client, tmp_path):
+    client = inproc_client  # in-process workers: in tmp_path too
     url = str(tmp_path / "cheetah")
     seed, n_envs, limit, random_frames = 11, 2, 25, 40
     probe = gym.make(ENV)
