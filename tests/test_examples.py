@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+import daskrl
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -84,3 +87,35 @@ def test_fsx_collect_then_train_without_a_cluster(scheduler, tmp_path):
     assert re.search(r"^epoch 1: losses/td_loss [\d.]+  gradient steps 32 ", out, re.M), out
     assert re.search(r"^greedy policy on 2 local episodes: mean return [\d.]+", out, re.M), out
     assert (tmp_path / "q.pt").exists()
+
+
+def test_atari_pong_smoke(scheduler, tmp_path):
+    out = _run("atari_pong.py", "--total-frames", "256", "--envs-per-worker", "2",
+               "--frames-per-batch", "64", "--run-dir", str(tmp_path / "run"),
+               "--scheduler", scheduler, cwd=tmp_path)
+    assert "observation space Box(0, 255, (4, 84, 84), uint8), action space Discrete(6)" in out
+    assert re.search(r"^frames: 256  time: [\d.]+s  SPS: \d+  episodes: 0$", out, re.M), out
+    assert re.search(r"^stored: \d+ bytes per frame \(compression ratio \d+;", out, re.M), out
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["frames"] == 256 and 0 < result["bytes_per_frame"] < 2 * 4 * 84 * 84
+    store = daskrl.open_store(str(tmp_path / "run" / "store"))
+    assert store.runs()[0]["settings"]["wrappers"] == [
+        "gymnasium.wrappers.AtariPreprocessing",
+        "gymnasium.wrappers.FrameStackObservation:stack_size=4"]
+    rows = _metrics(tmp_path / "run" / "metrics.jsonl")
+    assert {"charts/SPS", "values/mean"} <= set().union(*rows)
+
+
+def test_mujoco_halfcheetah_smoke(tmp_path):
+    # Its own embedded cluster, in tmp_path: MuJoCo 4 writes MUJOCO_LOG.TXT where it runs.
+    out = _run("mujoco_halfcheetah.py", "--total-frames", "400", "--random-frames", "200",
+               "--frames-per-batch", "200", "--max-episode-steps", "50", "--num-workers", "1",
+               "--float32", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert re.search(r"^frames: 400  time: [\d.]+s  SPS: \d+  episodes: 8  mean return: "
+                     r"-?[\d.]+$", out, re.M), out
+    assert "random actions within the bounds: True" in out
+    store = daskrl.open_store(str(tmp_path / "run" / "store"))
+    batch = store.handles()[0].load()
+    assert batch["observation"].dtype == torch.float32 and batch["action"].shape[-1] == 6
+    rows = _metrics(tmp_path / "run" / "metrics.jsonl")
+    assert len([r for r in rows if "charts/episodic_return" in r]) == 8
