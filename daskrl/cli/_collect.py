@@ -46,6 +46,11 @@ def add_collect_command(sub: Any) -> None:
                    metavar="JSON",
                    help="JSON object of keyword arguments for gymnasium.make, e.g. "
                         "'{\"gravity\": 9.8}' (default: the env's own)")
+    c.add_argument("--vector-kwargs", type=json_object("--vector-kwargs"), default=None,
+                   metavar="JSON",
+                   help="with --vectorization-mode: JSON object of keyword arguments for the "
+                        "vector env (gymnasium.make_vec's vector_kwargs), e.g. "
+                        "'{\"autoreset_mode\": \"SameStep\"}' (default: none)")
     c.add_argument("--env-var", type=_env_var, action="append", default=[],
                    metavar="NAME=VALUE",
                    help="an environment variable set on every worker before its envs are "
@@ -122,16 +127,16 @@ def run_collect(args: argparse.Namespace) -> int:
     """Run ``daskrl collect``; print the summary; the exit status."""
     from tqdm import tqdm
 
+    from daskrl.collect._checks import env_spec_for
     from daskrl.collect._collector import Collector
-    from daskrl.worker._envs import EnvSpec
 
     config = config_from_args(  # bad values fail before the env is made
         args, device=args.device, env_kwargs=args.env_kwargs, env_vars=dict(args.env_var),
-        shared_memory=args.shared_memory)
+        shared_memory=args.shared_memory, vector_kwargs=args.vector_kwargs)
     if args.dashboard is not None:
         require_bokeh()  # before the env is made
     try:
-        obs_space, act_space = EnvSpec(args.env, args.env_kwargs or {}).probe()
+        obs_space, act_space = env_spec_for(args.env, config).probe()
     except EnvError as e:  # made here, before any cluster: the env id or its kwargs are wrong
         raise ConfigError(str(e)) from e
     policy = make_policy(args.policy, obs_space, act_space)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from daskrl.config import CollectorConfig
-from daskrl.errors import PolicyError, StoreError
+from daskrl.errors import ConfigError, PolicyError, StoreError
 from daskrl.store._store import TrajectoryStore, check_store_options, normalize_url
 from daskrl.weights._snapshot import PolicyLike, PolicySpec, policy_spec, resolve_policy
 from daskrl.worker._envs import EnvLike, EnvSpec
@@ -31,24 +31,56 @@ class Checked:
     module: torch.nn.Module
     policy_spec: PolicySpec
     store: TrajectoryStore
+    config: CollectorConfig | None = None
+    """The config, with ``envs_per_worker`` a vector env's ``num_envs``."""
 
 
 def check_on_learner(env: EnvLike, policy: PolicyLike, store: str,
                      storage_options: Mapping[str, Any] | None,
-                     cfg: CollectorConfig) -> Checked:
+                     cfg: CollectorConfig, envs_per_worker_given: bool = False) -> Checked:
     """Everything a collector can check on the learner, before any worker spends time: the
     store URL and options, the env (made once for its spaces), the policy's output on sample
-    observations, and the store (created if new; a store with no run number left fails)."""
+    observations, and the store (created if new; a store with no run number left fails).
+    An env factory that builds a vector env sets ``envs_per_worker`` to its ``num_envs``
+    (a different one given by the caller, ``envs_per_worker_given``, is an error)."""
     check_store_options(normalize_url(store), storage_options)
-    env_spec = EnvSpec(env, cfg.env_kwargs or {}, cfg.max_frames_per_traj)
-    obs_space, act_space = env_spec.probe()
+    env_spec, obs_space, act_space = env_spec_for(env, cfg).inspect()
+    cfg = vector_config(env_spec, cfg, envs_per_worker_given)
     module, factory = resolve_policy(policy)
     check_policy_output(module, env_spec, obs_space, act_space, cfg.envs_per_worker)
     spec = policy_spec(module, factory)
     trajectories = TrajectoryStore(store, storage_options, read_only=False)
     trajectories.initialize()
     trajectories.next_run()
-    return Checked(env_spec, obs_space, act_space, module, spec, trajectories)
+    return Checked(env_spec, obs_space, act_space, module, spec, trajectories, cfg)
+
+
+def env_spec_for(env: EnvLike, cfg: CollectorConfig) -> EnvSpec:
+    """The :class:`EnvSpec` of ``env`` under ``cfg`` (a vector env of ``envs_per_worker``
+    sub-envs with ``vectorization_mode``)."""
+    mode = cfg.vectorization_mode
+    return EnvSpec(env, cfg.env_kwargs or {}, cfg.max_frames_per_traj, vectorization_mode=mode,
+                   vector_kwargs=cfg.vector_kwargs or {},
+                   num_envs=cfg.envs_per_worker if mode is not None else None)
+
+
+def vector_config(env_spec: EnvSpec, cfg: CollectorConfig, given: bool) -> CollectorConfig:
+    """``cfg`` with ``envs_per_worker`` the ``num_envs`` of the vector env a factory built."""
+    n = env_spec.num_envs
+    if n is None or n == cfg.envs_per_worker:
+        return cfg
+    if given:
+        raise ConfigError(
+            f"env {env_spec.name} builds a vector env of num_envs={n}, but "
+            f"envs_per_worker={cfg.envs_per_worker} was given: a vector env's sub-envs are a "
+            f"stream's envs. Leave envs_per_worker unset (it is taken from the env) or give "
+            f"envs_per_worker={n}."
+        )
+    try:
+        return dataclasses.replace(cfg, envs_per_worker=n)
+    except ConfigError as e:
+        raise ConfigError(f"env {env_spec.name} builds a vector env of num_envs={n}, so "
+                          f"envs_per_worker={n}: {e}") from e
 
 
 def _policy_device(module: torch.nn.Module) -> torch.device:

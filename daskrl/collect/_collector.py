@@ -55,7 +55,9 @@ class Collector:
     Parameters
     ----------
     env
-        A gymnasium id, or a zero-argument factory returning a ``gymnasium.Env``.
+        A gymnasium id, or a zero-argument factory returning a ``gymnasium.Env`` or a
+        ``gymnasium.vector.VectorEnv`` (whose ``num_envs`` is then ``envs_per_worker``; an id
+        becomes one with ``vectorization_mode``; ``docs/env-kinds.md``).
     policy
         A ``torch.nn.Module`` mapping an observation tensor ``[E, *obs]`` to an action tensor
         ``[E, *act]`` or to a dict ``{"action": ..., <extra per-step outputs>}``; or a
@@ -108,8 +110,10 @@ class Collector:
         # 1. Everything that can be checked on the learner, before any worker spends time.
         base = field_values(config) if config is not None else {}
         self.config = CollectorConfig(**{**base, **cast(dict[str, Any], options)})
-        cfg = self.config
-        checked = check_on_learner(env, policy, store, storage_options, cfg)
+        given = "envs_per_worker" in options or (config is not None and config.envs_per_worker
+                                                 != CollectorConfig.envs_per_worker)
+        checked = check_on_learner(env, policy, store, storage_options, self.config, given)
+        self.config = cfg = checked.config or self.config  # a vector env's num_envs
         self.env_spec, self._policy_spec, self._store = (checked.env_spec, checked.policy_spec,
                                                          checked.store)
         self.observation_space, self.action_space = checked.observation_space, checked.action_space

@@ -25,6 +25,7 @@ from daskrl.weights._snapshot import PolicySpec
 from daskrl.worker._devices import DeviceSetting, resolve_device
 from daskrl.worker._envs import EnvSpec, apply_env_vars
 from daskrl.worker._rollout import EnvSet
+from daskrl.worker._vector import VectorEnvSet, make_envset
 from daskrl.worker._weights_cache import WeightsCache, WeightsRef
 
 __all__ = ["CollectorPlugin", "collector_plugin"]
@@ -74,7 +75,7 @@ class CollectorPlugin(WorkerPlugin):
         may hold a mix), -1 before the first."""
         self.weight_loads = 0
         """Loads of a new version: one per version on this worker."""
-        self.envsets: dict[int, EnvSet] = {}
+        self.envsets: dict[int, EnvSet | VectorEnvSet] = {}
         self.store: TrajectoryStore | None = None
         self.weights = WeightsCache(self.name, f"worker {self.worker_address}")
 
@@ -130,7 +131,7 @@ class CollectorPlugin(WorkerPlugin):
         return self.policy
 
     def envset(self, stream: int, previous_batch_id: int | None, batch_id: int,
-               attempt: int = 0) -> EnvSet:
+               attempt: int = 0) -> EnvSet | VectorEnvSet:
         """The stream's envs, continuing from its previous batch where this worker has them.
 
         Envs left behind by a batch that is not the stream's previous one (the stream ran
@@ -144,8 +145,8 @@ class CollectorPlugin(WorkerPlugin):
         if envset is None:
             fresh = previous_batch_id is None and attempt == 0 and not self.resumed
             restart = () if fresh else (batch_id, attempt)
-            envset = EnvSet(self.env, self.config.envs_per_worker, self.config.seed, stream,
-                            restart)
+            envset = make_envset(self.env, self.config.envs_per_worker, self.config.seed,
+                                 stream, restart)
             self.envsets[stream] = envset
         return envset
 
