@@ -37,15 +37,18 @@ class Checked:
 
 def check_on_learner(env: EnvLike, policy: PolicyLike, store: str,
                      storage_options: Mapping[str, Any] | None,
-                     cfg: CollectorConfig, envs_per_worker_given: bool = False) -> Checked:
+                     cfg: CollectorConfig, envs_per_worker_given: bool = False,
+                     single_envs_per_worker: int | None = None) -> Checked:
     """Everything a collector can check on the learner, before any worker spends time: the
     store URL and options, the env (made once for its spaces), the policy's output on sample
     observations, and the store (created if new; a store with no run number left fails).
     An env factory that builds a vector env sets ``envs_per_worker`` to its ``num_envs``
-    (a different one given by the caller, ``envs_per_worker_given``, is an error)."""
+    (a different one given by the caller, ``envs_per_worker_given``, is an error); one that
+    builds a single env, to ``single_envs_per_worker`` where that is given (``cfg`` was
+    checked with one env per stream until the kind was known)."""
     check_store_options(normalize_url(store), storage_options)
     env_spec, obs_space, act_space = env_spec_for(env, cfg).inspect()
-    cfg = vector_config(env_spec, cfg, envs_per_worker_given)
+    cfg = vector_config(env_spec, cfg, envs_per_worker_given, single_envs_per_worker)
     module, factory = resolve_policy(policy)
     check_policy_output(module, env_spec, obs_space, act_space, cfg.envs_per_worker)
     spec = policy_spec(module, factory)
@@ -64,10 +67,14 @@ def env_spec_for(env: EnvLike, cfg: CollectorConfig) -> EnvSpec:
                    num_envs=cfg.envs_per_worker if mode is not None else None)
 
 
-def vector_config(env_spec: EnvSpec, cfg: CollectorConfig, given: bool) -> CollectorConfig:
-    """``cfg`` with ``envs_per_worker`` the ``num_envs`` of the vector env a factory built."""
+def vector_config(env_spec: EnvSpec, cfg: CollectorConfig, given: bool,
+                  single: int | None = None) -> CollectorConfig:
+    """``cfg`` with ``envs_per_worker`` the ``num_envs`` of the vector env a factory built
+    (``single`` for single envs, where given)."""
     n = env_spec.num_envs
-    if n is None or n == cfg.envs_per_worker:
+    if n is None:
+        return cfg if single is None else dataclasses.replace(cfg, envs_per_worker=single)
+    if n == cfg.envs_per_worker:
         return cfg
     if given:
         raise ConfigError(

@@ -109,10 +109,16 @@ class Collector:
         self._metrics = MetricsFeed(loggers)
         # 1. Everything that can be checked on the learner, before any worker spends time.
         base = field_values(config) if config is not None else {}
-        self.config = CollectorConfig(**{**base, **cast(dict[str, Any], options)})
+        merged = {**base, **cast(dict[str, Any], options)}
         given = "envs_per_worker" in options or (config is not None and config.envs_per_worker
                                                  != CollectorConfig.envs_per_worker)
-        checked = check_on_learner(env, policy, store, storage_options, self.config, given)
+        # A factory may build a vector env, whose num_envs is envs_per_worker: until the
+        # learner's probe tells, the other settings are checked against one env per stream.
+        deferred = not given and callable(env) and not isinstance(env, str)
+        self.config = CollectorConfig(**{**merged, "envs_per_worker": 1} if deferred else merged)
+        checked = check_on_learner(env, policy, store, storage_options, self.config, given,
+                                   merged.get("envs_per_worker", CollectorConfig.envs_per_worker)
+                                   if deferred else None)
         self.config = cfg = checked.config or self.config  # a vector env's num_envs
         self.env_spec, self._policy_spec, self._store = (checked.env_spec, checked.policy_spec,
                                                          checked.store)

@@ -59,6 +59,9 @@ class EnvSpec:
     """A vector env of this many sub-envs (``None``: single envs). Set from ``envs_per_worker``
     for an id with :attr:`vectorization_mode`, and by :meth:`inspect` for a factory that
     builds a vector env."""
+    starts_processes: bool = False
+    """The env starts processes of its own (an ``AsyncVectorEnv``; set by :meth:`inspect`):
+    a worker whose process is daemonic cannot build it."""
 
     def __post_init__(self) -> None:
         limit = self.endless_episode_steps
@@ -131,15 +134,7 @@ class EnvSpec:
             return self.env()
         except AssertionError as e:
             if "daemonic" in str(e):
-                raise EnvError(
-                    f"env {self.name} starts sub-processes (e.g. gymnasium's AsyncVectorEnv), "
-                    "which this Dask worker cannot do: its process is daemonic. The embedded "
-                    "cluster's workers may have children; for other clusters set the dask "
-                    "config distributed.worker.daemon: False where the workers' nannies run "
-                    "(DASK_DISTRIBUTED__WORKER__DAEMON=False for `dask worker`), or step the "
-                    "envs in the worker's process (a sync or vector_entry_point vector env, "
-                    "or single envs). See docs/env-kinds.md."
-                ) from e
+                raise daemonic_error(self.name) from e
             raise EnvError(f"could not make env {self.name}: AssertionError: {e}") from e
         except gym.error.Error as e:
             raise EnvError(
@@ -231,7 +226,8 @@ class EnvSpec:
         try:
             spec = self
             if isinstance(env, gym.vector.VectorEnv):
-                spec = dataclasses.replace(self, num_envs=int(env.num_envs))
+                spec = dataclasses.replace(self, num_envs=int(env.num_envs), starts_processes=(
+                    self.starts_processes or isinstance(env.unwrapped, gym.vector.AsyncVectorEnv)))
                 obs_space, act_space = env.single_observation_space, env.single_action_space
             else:
                 obs_space, act_space = env.observation_space, env.action_space
@@ -245,6 +241,27 @@ class EnvSpec:
         """Build one env on the learner to check it early; return its (obs, action) spaces."""
         _, obs_space, act_space = self.inspect()
         return obs_space, act_space
+
+
+def daemonic_error(name: str) -> EnvError:
+    """The error for an env that starts processes on a worker whose process is daemonic."""
+    return EnvError(
+        f"env {name} starts sub-processes (e.g. gymnasium's AsyncVectorEnv), which this Dask "
+        "worker cannot do: its process is daemonic. The embedded cluster's workers may have "
+        "children; for other clusters set the dask config distributed.worker.daemon: False "
+        "where the workers' nannies run (DASK_DISTRIBUTED__WORKER__DAEMON=False for `dask "
+        "worker`), or step the envs in the worker's process (a sync or vector_entry_point "
+        "vector env, or single envs). See docs/env-kinds.md."
+    )
+
+
+def check_may_start_processes(spec: EnvSpec, where: str) -> None:
+    """Raise :func:`daemonic_error` in a daemonic process (a Dask worker under a default
+    nanny) for an env that starts processes of its own."""
+    import multiprocessing
+
+    if spec.starts_processes and multiprocessing.current_process().daemon:
+        raise EnvError(f"{daemonic_error(spec.name)} [{where}]")
 
 
 def apply_env_vars(env_vars: Mapping[str, str]) -> None:

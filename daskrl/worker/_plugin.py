@@ -23,7 +23,7 @@ from daskrl.errors import CollectorClosedError
 from daskrl.store._store import TrajectoryStore
 from daskrl.weights._snapshot import PolicySpec
 from daskrl.worker._devices import DeviceSetting, resolve_device
-from daskrl.worker._envs import EnvSpec, apply_env_vars
+from daskrl.worker._envs import EnvSpec, apply_env_vars, check_may_start_processes
 from daskrl.worker._rollout import EnvSet
 from daskrl.worker._vector import VectorEnvSet, make_envset
 from daskrl.worker._weights_cache import WeightsCache, WeightsRef
@@ -104,6 +104,7 @@ class CollectorPlugin(WorkerPlugin):
         self.worker_name = str(worker.name)
         self.worker_address = worker.address
         self.weights.where = f"worker {self.worker_address}"
+        check_may_start_processes(self.env, f"worker {self.worker_address}")
 
     def teardown(self, worker: Worker) -> None:
         for envset in self.envsets.values():

@@ -92,7 +92,8 @@ class VectorEnvSet:
         key = [seed, stream, *restart]  # the same seed streams as single envs
         self._seeds = [int(s.generate_state(1)[0])
                        for s in np.random.SeedSequence(key).spawn(n_envs)]
-        vector_seed = int(np.random.SeedSequence(key).generate_state(1)[0])
+        # one seed for a vector env that takes one; 31 bits, as envpool's must be
+        vector_seed = int(np.random.SeedSequence(key).generate_state(1)[0]) & 0x7FFF_FFFF
         with building_seed(vector_seed):
             self.venv = spec.make_vector()
         self._broken = False

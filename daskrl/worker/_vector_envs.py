@@ -47,7 +47,8 @@ def env_seed(default: int = 0) -> int:
     For env factories whose env takes its seed when it is made rather than in ``reset``, such
     as envpool: ``lambda: envpool.make_gymnasium("Pong-v5", num_envs=8,
     seed=daskrl.env_seed())`` gives every stream's pool a seed of its own, derived from the
-    collection's ``seed`` and the stream as ``docs/reproducibility.md`` says. Outside such a
+    collection's ``seed`` and the stream as ``docs/reproducibility.md`` says (a non-negative
+    31-bit int, as envpool takes). Outside such a
     build (the learner's probe of the env, say) it returns ``default``.
     """
     seed = getattr(_building, "seed", None)
