@@ -4,6 +4,11 @@ Its autoreset mode, whether it can reset some of its sub-envs alone
 (``reset(options={"reset_mask": mask})``), how it takes its first seeds, how to step it with a
 deadline, and which sub-env an error came from.  The rollout itself is in
 :mod:`daskrl.worker._vector`.
+
+Private parts of gymnasium and envpool read here (and nowhere else): ``AsyncVectorEnv``'s
+``parent_pipes`` (the one it closed after a sub-process's error) and ``shared_memory``, the
+loop variable ``i`` of ``SyncVectorEnv.step``/``reset`` in a traceback, and envpool's
+``GymnasiumEnvPoolMixin`` and ``config``.
 """
 
 from __future__ import annotations
