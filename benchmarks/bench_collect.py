@@ -317,7 +317,10 @@ def main() -> None:
     print_table(["env", "workers", "mode", "rollout", "write", "other", "rollout frames/s/worker"],
                 [[r["env"], r["workers"], mode, r[mode]["rollout_s_per_batch"],
                   r[mode]["write_s_per_batch"], r[mode]["other_s_per_batch"],
-                  r[mode]["rollout_fps_per_worker"]] for r in results for mode in ("sync", "async")])
+                  r[mode]["rollout_fps_per_worker"]] for r in results for mode in ("sync", "async")]
+                + [[f"{r['env']} (vector)", r["workers"], "sync", r["sync"]["rollout_s_per_batch"],
+                    r["sync"]["write_s_per_batch"], r["sync"]["other_s_per_batch"],
+                    r["sync"]["rollout_fps_per_worker"]] for r in vector_results])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu_count": os.cpu_count(), "batches_per_worker": args.batches_per_worker,

@@ -387,52 +387,82 @@ class VectorEnvSet:
                            dict[str, np.ndarray], list[float], list[int]]:
         """NEXT_STEP without resetting sub-envs alone: each column has its own cursor, the
         env's reset steps are skipped, and what a column makes past ``steps`` is kept for the
-        stream's next batch."""
+        stream's next batch.
+
+        Each vector step is recorded as one row (as in :meth:`_run_aligned`), with the
+        columns' cursors and which of them made a real step; the rows are put in their
+        columns' places at the end, one scatter per array."""
         E = self.n_envs
-        cols = np.arange(E)
         grid = self._new_grid(steps)
         grid.add(_RET, (), np.float64, 0.0)
         grid.add(_LEN, (), np.int64, -1)
         returns: list[float] = []
         lengths: list[int] = []
         cursor = self._place_carry(grid, steps, batch_id, returns, lengths)
+        raw = self._new_grid(steps + 8)  # one row per vector step
+        raw.add("__row", (), np.int64)
+        raw.add("__real", (), np.bool_)
+        spilled_ends: list[tuple[int, int, float, int]] = []
         t = 0
         while cursor.min() < steps:
+            raw.ensure(t + 1)
+            raw["observation"][t] = self.obs
+            raw["episode_id"][t] = self.episode_id
+            raw["step"][t] = self.episode_step
             action, extras = self._act(policy, device, t == 0, t, batch_id)
             if t == 0:
                 self._add_policy_arrays(grid, action, extras)
+                self._add_policy_arrays(raw, action, extras)
             real = ~self._awaiting
             random = real & (cursor < random_steps)
             if random.any():
                 action = self._random(action, random)
+            for k, v in extras.items():
+                raw[k][t] = v
+            raw["action"][t] = action
             nobs, reward, terminated, truncated, _ = self._step(action, t, batch_id, deadline)
             if self._awaiting.any():
                 self._begin_episodes(self._awaiting, cursor, steps, batch_id, reward,
                                      terminated | truncated, t)
-            rows, cs = cursor[real], cols[real]
-            grid.ensure(int(rows.max()) + 1 if len(rows) else 0)
-            for key, value in (("observation", self.obs), ("episode_id", self.episode_id),
-                               ("step", self.episode_step), ("action", action),
-                               ("next_observation", nobs), ("reward", reward),
-                               ("terminated", terminated), ("truncated", truncated),
-                               *extras.items()):
-                grid[key][rows, cs] = value[real]
-            self.episode_return[real] += reward[real]
-            self.episode_step[real] += 1
-            done = real & (terminated | truncated)
-            for i in np.flatnonzero(done).tolist():
-                if cursor[i] < steps:
-                    returns.append(float(self.episode_return[i]))
-                    lengths.append(int(self.episode_step[i]))
-                else:  # reported with the batch this row goes to
-                    grid[_RET][cursor[i], i] = self.episode_return[i]
-                    grid[_LEN][cursor[i], i] = self.episode_step[i]
-            cursor[real] += 1
+            raw["next_observation"][t] = nobs
+            raw["reward"][t] = reward
+            raw["terminated"][t] = terminated
+            raw["truncated"][t] = truncated
+            raw["__row"][t] = cursor
+            raw["__real"][t] = real
+            if real.all():
+                self.episode_return += reward
+                self.episode_step += 1
+                done = terminated | truncated
+            else:
+                self.episode_return[real] += reward[real]
+                self.episode_step[real] += 1
+                done = real & (terminated | truncated)
+            if done.any():
+                for i in np.flatnonzero(done).tolist():
+                    ret, n = float(self.episode_return[i]), int(self.episode_step[i])
+                    if cursor[i] < steps:
+                        returns.append(ret)
+                        lengths.append(n)
+                    else:  # reported with the batch this row goes to
+                        spilled_ends.append((int(cursor[i]), i, ret, n))
+            cursor += real
             self._awaiting = done
             self.obs[...] = nobs
             t += 1
             if deadline is not None and time.monotonic() > deadline:
                 raise self._timeout(batch_id, t)
+        # Each real step to its column's row: rows past ``steps`` are the spill.
+        real = raw["__real"][:t]
+        rows = raw["__row"][:t][real]
+        cs = np.broadcast_to(np.arange(E), real.shape)[real]
+        grid.ensure(int(cursor.max()))
+        for key, arr in raw.arrays.items():
+            if key not in ("__row", "__real"):
+                grid[key][rows, cs] = arr[:t][real]
+        for row, i, ret, n in spilled_ends:
+            grid[_RET][row, i] = ret
+            grid[_LEN][row, i] = n
         self._keep_carry(grid, steps, cursor)
         out = {k: v[:steps] for k, v in grid.arrays.items() if k not in (_RET, _LEN)}
         return out, returns, lengths
