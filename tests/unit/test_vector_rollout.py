@@ -276,3 +276,31 @@ def test_env_seed_reaches_the_factory_one_per_stream():
     VectorEnvSet(spec, 2, seed=3, stream=0).close()
     assert seen[0] != seen[1] and seen[0] == seen[2] and min(seen) >= 0
     assert env_seed(default=-1) == -1  # outside a build
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reset_at_each_batch_starts_every_sub_env_anew(mode):
+    """reset_at_each_iter: every batch starts fresh episodes in every column (what a column
+    made past the last batch goes with the envs' old state)."""
+    envset = VectorEnvSet(_native(mode, n=3, length=1), 3, seed=0, stream=0)
+    for b in range(3):
+        arrays, _ = envset.collect(TagPolicy(), CPU, steps=5, batch_id=b, reset=True)
+        assert (arrays["step"][0] == 0).all()
+        assert np.array_equal(arrays["episode_id"][0], b * EPISODE_ID_STRIDE + np.arange(3))
+        assert np.array_equal(arrays["next_observation"],
+                              arrays["observation"] + np.array([0, 1]))
+    envset.close()
+
+
+def test_random_steps_sample_each_columns_own_action_space():
+    spec = EnvSpec("CartPole-v1", vectorization_mode="vector_entry_point", num_envs=4)
+    runs = []
+    for _ in range(2):
+        envset = VectorEnvSet(spec, 4, seed=1, stream=0)
+        arrays, _ = envset.collect(ConstantPolicy(0), CPU, steps=30, batch_id=0,
+                                   random_steps=20)
+        runs.append(arrays["action"])
+        envset.close()
+    assert np.array_equal(runs[0], runs[1])  # seeded
+    assert runs[0][:15].any() and not runs[0][25:].any()  # random first, then the policy's
+    assert not np.array_equal(runs[0][:15, 0], runs[0][:15, 1])  # a seed per column
