@@ -315,10 +315,11 @@ class VectorEnvSet(StaggeredSteps):
             out["action"][t] = action
             nobs, reward, terminated, truncated, info = self._step(action, t, batch_id, deadline)
             done = terminated | truncated
+            ended = bool(done.any())
             nxt = out["next_observation"][t]
             nxt[...] = nobs
             self.obs[...] = nobs
-            if done.any():
+            if ended:
                 if same_step:  # nobs holds the next episodes' first observations
                     nxt[done] = self._final_obs(info, done, t, batch_id)
                 else:
@@ -328,7 +329,7 @@ class VectorEnvSet(StaggeredSteps):
             out["truncated"][t] = truncated
             self.episode_return += reward
             self.episode_step += 1
-            if done.any():
+            if ended:
                 returns.extend(self.episode_return[done].tolist())
                 lengths.extend(self.episode_step[done].tolist())
                 self.episode_id[done] = batch_id * S + (t + 1) * E + cols[done]

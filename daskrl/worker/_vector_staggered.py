@@ -132,15 +132,17 @@ class StaggeredSteps:
             if t == 0:
                 self._add_policy_arrays(grid, action, extras)
                 self._add_policy_arrays(raw, action, extras)
+            resetting = bool(self._awaiting.any())  # the env's reset step for some columns
             real = ~self._awaiting
-            random = real & (cursor < random_steps)
-            if random.any():
-                action = self._random(action, random)
+            if random_steps:
+                random = real & (cursor < random_steps)
+                if random.any():
+                    action = self._random(action, random)
             for k, v in extras.items():
                 raw[k][t] = v
             raw["action"][t] = action
             nobs, reward, terminated, truncated, _ = self._step(action, t, batch_id, deadline)
-            if self._awaiting.any():
+            if resetting:
                 self._begin_episodes(self._awaiting, cursor, steps, batch_id, reward,
                                      terminated | truncated, t)
             raw["next_observation"][t] = nobs
@@ -149,7 +151,7 @@ class StaggeredSteps:
             raw["truncated"][t] = truncated
             raw["__row"][t] = cursor
             raw["__real"][t] = real
-            if real.all():
+            if not resetting:
                 self.episode_return += reward
                 self.episode_step += 1
                 done = terminated | truncated
