@@ -24,7 +24,7 @@ MAX_FRAMES_PER_BATCH = 1 << 24
 """Frames of one batch must stay below this (batch data is indexed with 24 bits)."""
 
 LEARNER_SIDE = ("device", "env_kwargs", "env_vars", "lost_workers_timeout", "call_timeout",
-                "shared_memory", "vector_kwargs")
+                "shared_memory")
 """Fields about where and how this run's collection happens, not what it collects: not
 stored with the run (:meth:`CollectorConfig.as_dict`)."""
 
@@ -287,7 +287,17 @@ class CollectorConfig:
         d["compression"] = self.compression.value
         d["wrappers"] = list(self.wrappers)
         d["info_keys"] = list(self.info_keys)
+        d["vector_kwargs"] = _jsonable(self.vector_kwargs or {})
         return d
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON keeps it (run records are JSON): enums by their value (an
+    ``AutoresetMode`` as ``"SameStep"``), other objects by their ``repr``."""
+    import json
+
+    return json.loads(json.dumps(value, sort_keys=True,
+                                 default=lambda o: getattr(o, "value", repr(o))))
 
 
 def check_mapping(name: str, value: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -97,17 +97,31 @@ class CountingVectorEnv(gym.vector.VectorEnv):
       the final one in ``info["final_obs"]`` (masked by ``info["_final_obs"]``).
     * ``"Disabled"``: ended sub-envs must be reset with ``reset(options={"reset_mask": m})``
       before the next step (which raises otherwise).
+
+    ``dict_obs=True``: the observation is a ``Dict`` ``{"count": [episode, t], "parity":
+    [t % 2]}`` (a ``Box`` and a ``MultiBinary(1)``), batched as gymnasium batches it.
+    ``infos=True``: each step's vector ``info`` holds ``t`` (int64, the step count the
+    observation shows, masked by ``_t``) and, for the sub-envs that terminate,
+    ``is_success``; in ``SameStep`` mode an ended sub-env's entries are in
+    ``info["final_info"]`` (the top-level ones are its reset's: ``t == 0``), as gymnasium's
+    ``SyncVectorEnv`` has them. Every stored ``info/t`` must equal the ``t`` of its
+    ``next_observation``.
     """
 
     def __init__(self, num_envs: int = 3, length: int = 3,
-                 autoreset_mode: Any = "NextStep") -> None:
+                 autoreset_mode: Any = "NextStep", dict_obs: bool = False,
+                 infos: bool = False) -> None:
         from gymnasium.vector import AutoresetMode
         from gymnasium.vector.utils import batch_space
 
         self.mode = AutoresetMode(getattr(autoreset_mode, "value", autoreset_mode))
         self.metadata = {"autoreset_mode": self.mode}
         self.num_envs = num_envs
-        self.single_observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.dict_obs, self.infos = dict_obs, infos
+        count = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.single_observation_space = (
+            spaces.Dict({"count": count, "parity": spaces.MultiBinary(1)}) if dict_obs
+            else count)
         self.single_action_space = spaces.Discrete(2)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
@@ -116,8 +130,14 @@ class CountingVectorEnv(gym.vector.VectorEnv):
         self.t = np.zeros(num_envs, np.int64)
         self.ended = np.zeros(num_envs, np.bool_)
 
-    def _obs(self) -> np.ndarray:
-        return np.stack([self.episode, self.t], axis=1).astype(np.float32)
+    def _obs(self) -> Any:
+        count = np.stack([self.episode, self.t], axis=1).astype(np.float32)
+        if not self.dict_obs:
+            return count
+        return {"count": count, "parity": (self.t % 2).astype(np.int8).reshape(-1, 1)}
+
+    def _row(self, obs: Any, i: int) -> Any:
+        return {k: v[i].copy() for k, v in obs.items()} if self.dict_obs else obs[i].copy()
 
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None):
         from gymnasium.vector import AutoresetMode
@@ -150,12 +170,22 @@ class CountingVectorEnv(gym.vector.VectorEnv):
         truncated = np.zeros(self.num_envs, np.bool_)
         obs = self._obs()
         info: dict[str, Any] = {}
+        if self.infos:
+            info = {"t": self.t.copy(), "_t": np.ones(self.num_envs, np.bool_)}
+            if terminated.any():
+                info.update(is_success=terminated.copy(), _is_success=terminated.copy())
         if self.mode is AutoresetMode.SAME_STEP:
             if terminated.any():
                 final = np.full(self.num_envs, None, dtype=object)
                 for i in np.flatnonzero(terminated):
-                    final[i] = obs[i]
-                info = {"final_obs": final, "_final_obs": terminated.copy()}
+                    final[i] = self._row(obs, i)
+                if self.infos:  # the ended sub-envs' entries: their reset's at the top
+                    info["final_info"] = {k: v.copy() for k, v in info.items()}
+                    info["_final_info"] = terminated.copy()
+                    info.pop("is_success")
+                    info.pop("_is_success")
+                    info["t"][terminated] = 0
+                info.update(final_obs=final, _final_obs=terminated.copy())
                 self.episode[terminated] += 1
                 self.t[terminated] = 0
                 obs = self._obs()

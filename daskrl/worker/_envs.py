@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -14,7 +14,12 @@ import numpy as np
 from daskrl.errors import ConfigError, EnvError
 from daskrl.worker._env_import import import_env_factory
 from daskrl.worker._spaces import check_space
-from daskrl.worker._wrappers import WrapperSpec, apply_wrappers
+from daskrl.worker._wrappers import (
+    WrapperSpec,
+    apply_vector_wrappers,
+    apply_wrappers,
+    split_for_vector,
+)
 
 __all__ = ["ENDLESS_EPISODE_STEPS", "EnvLike", "EnvSpec"]
 
@@ -125,6 +130,12 @@ class EnvSpec:
         """Call the factory, ``gymnasium.make`` or ``gymnasium.make_vec`` (raising
         :class:`EnvError` naming the env); the result is not checked."""
         factory = import_env_factory(self.env) if isinstance(self.env, str) else None
+        if factory is not None and self.vectorization_mode is not None:
+            raise ConfigError(
+                f"env {self.name} names a callable, and vectorization_mode="
+                f"{self.vectorization_mode!r} applies to a gymnasium id (gymnasium.make_vec): "
+                "return a gymnasium.vector.VectorEnv from the callable and leave "
+                "vectorization_mode unset, or give the env's registered id.")
         try:
             if self.vectorization_mode is not None and factory is None:
                 return self._make_vec()
@@ -133,6 +144,8 @@ class EnvSpec:
             if isinstance(self.env, str):
                 return gym.make(self.env, **dict(self.env_kwargs))
             return self.env()
+        except ConfigError:  # a wrapper spec that cannot apply (WrapperError): as it is
+            raise
         except AssertionError as e:
             if "daemonic" in str(e):
                 raise daemonic_error(self.name) from e
@@ -156,24 +169,30 @@ class EnvSpec:
 
     def _make_vec(self) -> gym.vector.VectorEnv:
         kwargs = dict(self.env_kwargs)
-        wrappers = None
+        per_sub_env = self.vectorization_mode in ("sync", "async")
+        wrappers, vector_wrappers = split_for_vector(
+            self.wrappers, self.name, f"gymnasium.make_vec in mode {self.vectorization_mode!r}",
+            per_sub_env)
         if self.max_episode_steps is not None:
-            if self.vectorization_mode == "vector_entry_point":
+            if not per_sub_env:
                 kwargs["max_episode_steps"] = self.max_episode_steps  # the entry point's own
             else:
-                wrappers = [functools.partial(gym.wrappers.TimeLimit,
-                                              max_episode_steps=self.max_episode_steps)]
+                wrappers.append(functools.partial(gym.wrappers.TimeLimit,
+                                                  max_episode_steps=self.max_episode_steps))
         assert isinstance(self.env, str) and self.num_envs is not None
-        return gym.make_vec(self.env, num_envs=self.num_envs,
-                            vectorization_mode=self.vectorization_mode,
-                            vector_kwargs=dict(self.vector_kwargs) or None, wrappers=wrappers,
-                            **kwargs)
+        env = gym.make_vec(self.env, num_envs=self.num_envs,
+                           vectorization_mode=self.vectorization_mode,
+                           vector_kwargs=dict(self.vector_kwargs) or None,
+                           wrappers=cast(Any, wrappers) or None, **kwargs)
+        return apply_vector_wrappers(env, vector_wrappers, self.name)
 
     def make_any(self) -> gym.Env | gym.vector.VectorEnv:
         """Build the env: one ``gymnasium.Env`` (with its time limit), or a vector env."""
         env = self._build()
         if isinstance(env, gym.vector.VectorEnv):
-            if self.max_episode_steps is not None and self.vectorization_mode is None:
+            if self.vectorization_mode is not None:
+                return env  # made by gymnasium.make_vec, with the wrappers and time limit
+            if self.max_episode_steps is not None:
                 env.close()
                 raise ConfigError(
                     f"env {self.name} built a vector env ({type(env).__name__}), to which "
@@ -182,7 +201,14 @@ class EnvSpec:
                     "gymnasium.wrappers.TimeLimit, or max_episode_steps= of gymnasium.make_vec) "
                     "and leave max_frames_per_traj unset."
                 )
-            return env
+            try:
+                _, vector_wrappers = split_for_vector(
+                    self.wrappers, self.name, f"a {type(env.unwrapped).__name__} built by the "
+                    "factory", per_sub_env=False)
+            except BaseException:
+                env.close()
+                raise
+            return apply_vector_wrappers(env, vector_wrappers, self.name)
         if not isinstance(env, gym.Env):
             raise EnvError(
                 f"env {self.name} built a {type(env).__name__}, expected a gymnasium.Env or a "

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from daskrl.errors import BatchTimeoutError, EnvError
+from daskrl.worker._infos import InfoRecorder
 from daskrl.worker._rollout import EPISODE_ID_STRIDE
 
 __all__ = ["Grid", "StaggeredSteps"]
@@ -58,7 +59,12 @@ class StaggeredSteps:
     its checked calls to the env and the policy are the env set's)."""
 
     n_envs: int
-    obs: np.ndarray
+    obs: list[np.ndarray]
+    obs_names: list[str]
+    next_names: list[str]
+    act_names: list[str]
+    info_keys: tuple[str, ...]
+    _info_carry: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]]
     episode_id: np.ndarray
     episode_step: np.ndarray
     episode_return: np.ndarray
@@ -69,14 +75,21 @@ class StaggeredSteps:
     _needs_reset: bool
 
     def _act(self, policy: torch.nn.Module, device: torch.device, first: bool, t: int,
-             batch_id: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+             batch_id: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
         raise NotImplementedError
 
-    def _random(self, action: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _random(self, action: list[np.ndarray], mask: np.ndarray) -> list[np.ndarray]:
         raise NotImplementedError
 
-    def _step(self, action: np.ndarray, t: int, batch_id: int, deadline: float | None) -> tuple[
-            np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]:
+    def _step(self, action: list[np.ndarray], t: int, batch_id: int, deadline: float | None
+              ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, Any]:
+        raise NotImplementedError
+
+    def _set_obs(self, leaves: list[np.ndarray], mask: np.ndarray | None = None) -> None:
+        raise NotImplementedError
+
+    def _record_info(self, recorder: InfoRecorder, rows: int | np.ndarray, info: Any,
+                     done: np.ndarray, envs: np.ndarray | None = None) -> None:
         raise NotImplementedError
 
     def _timeout(self, batch_id: int, t: int) -> BatchTimeoutError:
@@ -84,8 +97,9 @@ class StaggeredSteps:
 
     def _new_grid(self, steps: int) -> Grid:
         grid = Grid(steps, self.n_envs)
-        grid.add("observation", self.obs.shape[1:], self.obs.dtype)
-        grid.add("next_observation", self.obs.shape[1:], self.obs.dtype)
+        for names in (self.obs_names, self.next_names):
+            for name, cur in zip(names, self.obs):
+                grid.add(name, cur.shape[1:], cur.dtype)
         grid.add("reward", (), np.float32)
         grid.add("terminated", (), np.bool_)
         grid.add("truncated", (), np.bool_)
@@ -93,16 +107,18 @@ class StaggeredSteps:
         grid.add("step", (), np.int64)
         return grid
 
-    def _add_policy_arrays(self, grid: Grid, action: np.ndarray,
+    def _add_policy_arrays(self, grid: Grid, action: list[np.ndarray],
                            extras: dict[str, np.ndarray]) -> None:
-        if "action" not in grid.arrays:
-            grid.add("action", action.shape[1:], action.dtype)
+        for name, a in zip(self.act_names, action):
+            if name not in grid.arrays:
+                grid.add(name, a.shape[1:], a.dtype)
         for k, v in extras.items():
             if k not in grid.arrays:
                 grid.add(k, v.shape[1:], v.dtype)
 
     def _run_staggered(self, policy: torch.nn.Module, device: torch.device, steps: int,
-                       batch_id: int, random_steps: int, deadline: float | None) -> tuple[
+                       batch_id: int, random_steps: int, deadline: float | None,
+                       recorder: InfoRecorder) -> tuple[
                            dict[str, np.ndarray], list[float], list[int]]:
         """NEXT_STEP without resetting sub-envs alone: each column has its own cursor, the
         env's reset steps are skipped, and what a column makes past ``steps`` is kept for the
@@ -122,10 +138,13 @@ class StaggeredSteps:
         raw.add("__row", (), np.int64)
         raw.add("__real", (), np.bool_)
         spilled_ends: list[tuple[int, int, float, int]] = []
+        infos: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]] = []
+        """Each vector step's info, with its columns' rows, real columns and ended ones."""
         t = 0
         while cursor.min() < steps:
             raw.ensure(t + 1)
-            raw["observation"][t] = self.obs
+            for name, cur in zip(self.obs_names, self.obs):
+                raw[name][t] = cur
             raw["episode_id"][t] = self.episode_id
             raw["step"][t] = self.episode_step
             action, extras = self._act(policy, device, t == 0, t, batch_id)
@@ -140,12 +159,14 @@ class StaggeredSteps:
                     action = self._random(action, random)
             for k, v in extras.items():
                 raw[k][t] = v
-            raw["action"][t] = action
-            nobs, reward, terminated, truncated, _ = self._step(action, t, batch_id, deadline)
+            for name, a in zip(self.act_names, action):
+                raw[name][t] = a
+            nobs, reward, terminated, truncated, info = self._step(action, t, batch_id, deadline)
             if resetting:
                 self._begin_episodes(self._awaiting, cursor, steps, batch_id, reward,
                                      terminated | truncated, t)
-            raw["next_observation"][t] = nobs
+            for name, v in zip(self.next_names, nobs):
+                raw[name][t] = v
             raw["reward"][t] = reward
             raw["terminated"][t] = terminated
             raw["truncated"][t] = truncated
@@ -159,6 +180,8 @@ class StaggeredSteps:
                 self.episode_return[real] += reward[real]
                 self.episode_step[real] += 1
                 done = real & (terminated | truncated)
+            if info and (self.info_keys or done.any()):
+                infos.append((cursor.copy(), info, np.flatnonzero(real), done.copy()))
             if done.any():
                 for i in np.flatnonzero(done).tolist():
                     ret, n = float(self.episode_return[i]), int(self.episode_step[i])
@@ -169,7 +192,7 @@ class StaggeredSteps:
                         spilled_ends.append((int(cursor[i]), i, ret, n))
             cursor += real
             self._awaiting = done
-            self.obs[...] = nobs
+            self._set_obs(nobs)
             t += 1
             if deadline is not None and time.monotonic() > deadline:
                 raise self._timeout(batch_id, t)
@@ -185,8 +208,23 @@ class StaggeredSteps:
             grid[_RET][row, i] = ret
             grid[_LEN][row, i] = n
         self._keep_carry(grid, steps, cursor)
+        self._record_infos(recorder, self._info_carry + infos, steps)
         out = {k: v[:steps] for k, v in grid.arrays.items() if k not in (_RET, _LEN)}
         return out, returns, lengths
+
+    def _record_infos(self, recorder: InfoRecorder,
+                      infos: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]],
+                      steps: int) -> None:
+        """Record each vector step's info for its real columns at their rows; what rows past
+        ``steps`` hold is kept for the stream's next batch, with the rows they carry to."""
+        carry = []
+        for rows, info, envs, done in infos:
+            inside = rows[envs] < steps
+            if inside.any():
+                self._record_info(recorder, rows, info, done, envs=envs[inside])
+            if not inside.all():
+                carry.append((rows - steps, info, envs[~inside], done))
+        self._info_carry = carry
 
     def _begin_episodes(self, mask: np.ndarray, cursor: np.ndarray, steps: int, batch_id: int,
                         reward: np.ndarray, done: np.ndarray, t: int) -> None:
