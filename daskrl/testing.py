@@ -177,7 +177,7 @@ class CountingVectorEnv(gym.vector.VectorEnv):
         if self.mode is AutoresetMode.SAME_STEP:
             if terminated.any():
                 final = np.full(self.num_envs, None, dtype=object)
-                for i in np.flatnonzero(terminated):
+                for i in np.flatnonzero(terminated).tolist():
                     final[i] = self._row(obs, i)
                 if self.infos:  # the ended sub-envs' entries: their reset's at the top
                     info["final_info"] = {k: v.copy() for k, v in info.items()}
