@@ -14,8 +14,8 @@ For each env (CartPole-v1, Pendulum-v1 by default) and each worker count N (1 an
   before iterating to the last handle (batches are written to a temporary zarr store, never
   loaded). The cluster is reused for both envs at a given N.
 
-Vector envs (``--vector-envs``, default ``CartPole-v1``; ``--vector-envs none`` skips them): the
-same env as one vector env of 8 sub-envs, ``gymnasium.make_vec(..., vectorization_mode=
+Vector envs (``--vector-envs``, default ``CartPole-v1`` and ``envpool:Pong-v5``; ``--vector-envs
+none`` skips them): the same env as one vector env of 8 sub-envs, ``gymnasium.make_vec(..., vectorization_mode=
 "vector_entry_point")`` (``envpool:ID`` for ``envpool.make_gymnasium(ID)``, e.g.
 ``envpool:Pong-v5``), against the same vector env in a plain loop (the ceiling for that env
 kind: one ``step`` per step, every step copied, the env's own reset steps kept as cleanrl keeps
@@ -48,6 +48,9 @@ from daskrl import Collector
 from daskrl.deploy import local_cluster
 from daskrl.policies import MLPPolicy
 
+DEFAULT_VECTOR_ENVS = ("CartPole-v1", "envpool:Pong-v5")
+"""CartPole with its vector entry point, and Atari Pong through envpool (4 stacked 84x84 grey
+frames, uint8)."""
 ENVS_PER_WORKER = 8
 FRAMES_PER_BATCH = 4096
 HIDDEN = (64, 64)
@@ -90,6 +93,16 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results) -> None:
             buf["truncated"][t, i] = trunc
             obs[i] = env.reset()[0] if term or trunc else nobs
     results.put(time.perf_counter() - t0)
+
+
+def default_vector_envs() -> list[str]:
+    """:data:`DEFAULT_VECTOR_ENVS`, without envpool's where envpool is not installed."""
+    try:
+        import envpool  # noqa: F401
+    except ImportError:
+        print("envpool is not installed (pip install 'daskrl[envpool]'): no Pong workload")
+        return [e for e in DEFAULT_VECTOR_ENVS if not e.startswith("envpool:")]
+    return list(DEFAULT_VECTOR_ENVS)
 
 
 def make_vector_env(spec: str, seed: int = 0):
@@ -239,9 +252,11 @@ def print_table(header: list[str], rows: list[list]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Pendulum-v1"])
-    parser.add_argument("--vector-envs", nargs="+", default=["CartPole-v1"],
+    parser.add_argument("--vector-envs", nargs="*", default=None,
                         help="vector-env workloads: gymnasium ids with a vector entry point, "
-                             "or envpool:ID (e.g. envpool:Pong-v5); 'none' for none")
+                             "or envpool:ID (e.g. envpool:Pong-v5); 'none' for none (default, "
+                             "or with the flag alone: " + " ".join(DEFAULT_VECTOR_ENVS)
+                             + ", envpool's where it is installed)")
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--batches-per-worker", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1,
@@ -252,7 +267,8 @@ def main() -> None:
 
     print(f"cpu count: {os.cpu_count()}; {ENVS_PER_WORKER} envs/worker, "
           f"{args.batches_per_worker} x {FRAMES_PER_BATCH} frames/worker, MLP {HIDDEN}")
-    vector_envs = [] if args.vector_envs == ["none"] else args.vector_envs
+    vector_envs = ([] if args.vector_envs == ["none"] else args.vector_envs
+                   or default_vector_envs())
     results, vector_results = [], []
     for n in args.workers:
         ceilings = {e: max(run_ceiling(e, n, steps) for _ in range(args.repeats))

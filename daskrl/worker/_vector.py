@@ -208,8 +208,7 @@ class VectorEnvSet(StaggeredSteps):
         except Exception as e:
             raise self._raise_env(where, e) from e
         k = int(mask.sum())
-        first = np.asarray(self.obs_layout.split(obs)[0]) if self._splits(obs) else None
-        if first is not None and first.shape[:1] == (self.n_envs,) and k != self.n_envs:
+        if self._rows(obs) == self.n_envs and k != self.n_envs:
             leaves = self._check_obs(obs, self.n_envs, where, t, batch_id)  # every sub-env's
             for arr, cur in zip(leaves, self.obs):
                 if not np.array_equal(arr[~mask], cur[~mask], equal_nan=arr.dtype.kind == "f"):
@@ -228,12 +227,14 @@ class VectorEnvSet(StaggeredSteps):
             leaves = [arr[order] for arr in leaves]
         return leaves
 
-    def _splits(self, obs: Any) -> bool:
+    def _rows(self, obs: Any) -> int | None:
+        """How many sub-envs' observations ``obs`` holds (its first leaf's length), or None
+        where it does not have the space's structure (:meth:`_check_obs` says why)."""
         try:
-            self.obs_layout.split(obs)
+            first = np.asarray(self.obs_layout.split(obs)[0])
         except ValueError:
-            return False
-        return True
+            return None
+        return first.shape[0] if first.ndim else None
 
     def _step(self, action: list[np.ndarray], t: int, batch_id: int, deadline: float | None
               ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, Any]:
