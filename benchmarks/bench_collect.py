@@ -14,6 +14,15 @@ For each env (CartPole-v1, Pendulum-v1 by default) and each worker count N (1 an
   before iterating to the last handle (batches are written to a temporary zarr store, never
   loaded). The cluster is reused for both envs at a given N.
 
+Vector envs (``--vector-envs``, default ``CartPole-v1`` and ``envpool:Pong-v5``; ``--vector-envs
+none`` skips them): the same env as one vector env of 8 sub-envs, ``gymnasium.make_vec(..., vectorization_mode=
+"vector_entry_point")`` (``envpool:ID`` for ``envpool.make_gymnasium(ID)``, e.g.
+``envpool:Pong-v5``), against the same vector env in a plain loop (the ceiling for that env
+kind: one ``step`` per step, every step copied, the env's own reset steps kept as cleanrl keeps
+them), and daskrl collecting it (``vectorization_mode="vector_entry_point"`` or an envpool
+factory), sync mode, side by side with the single-env figures of that env where it is in
+``--envs``.
+
 Run:  python benchmarks/bench_collect.py [--batches-per-worker 16] [--repeats 1] [--json out.json]
 
 On a small or shared machine the numbers are noisy (N=2 on 2 cores also shares the cores with
@@ -23,6 +32,7 @@ the scheduler and this process); use ``--repeats 3`` to keep the fastest of thre
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -38,6 +48,9 @@ from daskrl import Collector
 from daskrl.deploy import local_cluster
 from daskrl.policies import MLPPolicy
 
+DEFAULT_VECTOR_ENVS = ("CartPole-v1", "envpool:Pong-v5")
+"""CartPole with its vector entry point, and Atari Pong through envpool (4 stacked 84x84 grey
+frames, uint8)."""
 ENVS_PER_WORKER = 8
 FRAMES_PER_BATCH = 4096
 HIDDEN = (64, 64)
@@ -82,7 +95,65 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results) -> None:
     results.put(time.perf_counter() - t0)
 
 
-def run_ceiling(env_id: str, n: int, steps: int) -> float:
+def default_vector_envs() -> list[str]:
+    """:data:`DEFAULT_VECTOR_ENVS`, without envpool's where envpool is not installed."""
+    try:
+        import envpool  # noqa: F401
+    except ImportError:
+        print("envpool is not installed (pip install 'daskrl[envpool]'): no Pong workload")
+        return [e for e in DEFAULT_VECTOR_ENVS if not e.startswith("envpool:")]
+    return list(DEFAULT_VECTOR_ENVS)
+
+
+def make_vector_env(spec: str, seed: int = 0):
+    """``spec``'s vector env of ENVS_PER_WORKER sub-envs: ``envpool:ID`` or a gymnasium id with
+    a vector entry point."""
+    if spec.startswith("envpool:"):
+        import envpool
+
+        return envpool.make_gymnasium(spec.partition(":")[2], num_envs=ENVS_PER_WORKER,
+                                      seed=seed)
+    return gym.make_vec(spec, num_envs=ENVS_PER_WORKER, vectorization_mode="vector_entry_point")
+
+
+def vector_ceiling_loop(spec: str, steps: int, seed: int, barrier, results) -> None:
+    """One process of the vector-env ceiling: the vector env stepped in a plain loop."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    E = ENVS_PER_WORKER
+    venv = make_vector_env(spec, seed)
+    obs_space, act_space = venv.single_observation_space, venv.single_action_space
+    policy = MLPPolicy(obs_space, act_space, hidden=HIDDEN)
+    discrete = isinstance(act_space, gym.spaces.Discrete)
+    obs, _ = venv.reset(seed=None if spec.startswith("envpool:") else seed)
+    buf = {
+        "observation": np.empty((steps, *obs.shape), obs.dtype),
+        "next_observation": np.empty((steps, *obs.shape), obs.dtype),
+        "action": np.empty((steps, E, *act_space.shape), np.int64 if discrete else np.float32),
+        "log_prob": np.empty((steps, E), np.float32),
+        "reward": np.empty((steps, E), np.float32),
+        "terminated": np.empty((steps, E), np.bool_),
+        "truncated": np.empty((steps, E), np.bool_),
+    }
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in range(steps):
+        buf["observation"][t] = obs
+        with torch.inference_mode():
+            out = policy(torch.as_tensor(obs))
+        action = out["action"].numpy()
+        buf["action"][t] = action
+        buf["log_prob"][t] = out["log_prob"].numpy()
+        obs, r, term, trunc, _ = venv.step(action)
+        buf["next_observation"][t] = obs
+        buf["reward"][t] = r
+        buf["terminated"][t] = term
+        buf["truncated"][t] = trunc
+    results.put(time.perf_counter() - t0)
+    venv.close()
+
+
+def run_ceiling(env_id: str, n: int, steps: int, loop=ceiling_loop) -> float:
     """Frames/s of ``n`` ceiling processes running at once."""
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(n), ctx.Queue()
@@ -90,7 +161,7 @@ def run_ceiling(env_id: str, n: int, steps: int) -> float:
     os.environ.update(dict.fromkeys(THREAD_VARS, "1"))  # inherited by the spawned children
     try:
         procs = [
-            ctx.Process(target=ceiling_loop, args=(env_id, steps, s, barrier, results))
+            ctx.Process(target=loop, args=(env_id, steps, s, barrier, results))
             for s in range(n)
         ]
         for p in procs:
@@ -109,23 +180,44 @@ def run_ceiling(env_id: str, n: int, steps: int) -> float:
     return n * steps * ENVS_PER_WORKER / max(times)
 
 
+def _envpool_factory(env_id: str):
+    import envpool
+
+    import daskrl
+
+    return envpool.make_gymnasium(env_id, num_envs=ENVS_PER_WORKER, seed=daskrl.env_seed())
+
+
 def run_daskrl(client: Client, env_id: str, n: int, batches: int, repeats: int,
-               sync: bool) -> dict:
-    """Warm up, then time collector runs of ``batches`` batches per worker; keep the fastest."""
-    env = gym.make(env_id)
-    policy = MLPPolicy(env.observation_space, env.action_space, hidden=HIDDEN)
-    env.close()
+               sync: bool, vector: bool = False) -> dict:
+    """Warm up, then time collector runs of ``batches`` batches per worker; keep the fastest.
+    ``vector``: collect ``env_id`` as a vector env (:func:`make_vector_env`)."""
     kw = dict(envs_per_worker=ENVS_PER_WORKER, frames_per_batch=FRAMES_PER_BATCH, num_workers=n,
               sync=sync)
+    env: object = env_id
+    if vector:
+        probe = make_vector_env(env_id)
+        obs_space, act_space = probe.single_observation_space, probe.single_action_space
+        probe.close()
+        if env_id.startswith("envpool:"):
+            env = functools.partial(_envpool_factory, env_id.partition(":")[2])
+            del kw["envs_per_worker"]  # the pool's num_envs
+        else:
+            kw["vectorization_mode"] = "vector_entry_point"
+    else:
+        probe = gym.make(env_id)
+        obs_space, act_space = probe.observation_space, probe.action_space
+        probe.close()
+    policy = MLPPolicy(obs_space, act_space, hidden=HIDDEN)
     with tempfile.TemporaryDirectory(prefix="daskrl-bench-") as tmp:
-        warm = Collector(env_id, policy, f"{tmp}/warm", client=client,
+        warm = Collector(env, policy, f"{tmp}/warm", client=client,
                          total_frames=2 * n * FRAMES_PER_BATCH, **kw)
         with warm:
             for _ in warm:
                 pass
         runs = []
         for r in range(repeats):
-            collector = Collector(env_id, policy, f"{tmp}/timed{r}", client=client,
+            collector = Collector(env, policy, f"{tmp}/timed{r}", client=client,
                                   total_frames=batches * n * FRAMES_PER_BATCH, **kw)
             with collector:
                 t0 = time.perf_counter()
@@ -160,6 +252,11 @@ def print_table(header: list[str], rows: list[list]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Pendulum-v1"])
+    parser.add_argument("--vector-envs", nargs="*", default=None,
+                        help="vector-env workloads: gymnasium ids with a vector entry point, "
+                             "or envpool:ID (e.g. envpool:Pong-v5); 'none' for none (default, "
+                             "or with the flag alone: " + " ".join(DEFAULT_VECTOR_ENVS)
+                             + ", envpool's where it is installed)")
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--batches-per-worker", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1,
@@ -170,11 +267,16 @@ def main() -> None:
 
     print(f"cpu count: {os.cpu_count()}; {ENVS_PER_WORKER} envs/worker, "
           f"{args.batches_per_worker} x {FRAMES_PER_BATCH} frames/worker, MLP {HIDDEN}")
-    results = []
+    vector_envs = ([] if args.vector_envs == ["none"] else args.vector_envs
+                   or default_vector_envs())
+    results, vector_results = [], []
     for n in args.workers:
         ceilings = {e: max(run_ceiling(e, n, steps) for _ in range(args.repeats))
                     for e in args.envs}
+        vector_ceilings = {e: max(run_ceiling(e, n, steps, vector_ceiling_loop)
+                                  for _ in range(args.repeats)) for e in vector_envs}
         runs: dict[str, dict[str, dict]] = {e: {} for e in args.envs}
+        vector_runs: dict[str, dict] = {}
         # The embedded cluster's default is TLS; the same runs without it price the encryption.
         for tls in (True, False):
             with local_cluster(n, tls=tls) as cluster, Client(cluster) as client:
@@ -187,12 +289,26 @@ def main() -> None:
                                                            False)
                     else:
                         runs[env_id]["sync_no_tls"] = sync
+                if tls:
+                    for env_id in vector_envs:
+                        vector_runs[env_id] = run_daskrl(client, env_id, n,
+                                                         args.batches_per_worker,
+                                                         args.repeats, True, vector=True)
         for env_id in args.envs:
             r = runs[env_id]
             results.append({"env": env_id, "workers": n, "ceiling_fps": ceilings[env_id], **r})
             print(f"  done {env_id} N={n}: ceiling {ceilings[env_id]:,.0f}, daskrl "
                   f"sync {r['sync']['fps']:,.0f}, async {r['async']['fps']:,.0f}, sync without "
                   f"TLS {r['sync_no_tls']['fps']:,.0f} frames/s", flush=True)
+        for env_id in vector_envs:
+            r = {"env": env_id, "workers": n, "ceiling_fps": vector_ceilings[env_id],
+                 "sync": vector_runs[env_id]}
+            if env_id in ceilings:  # the same env as single envs
+                r["single_ceiling_fps"] = ceilings[env_id]
+                r["single_sync_fps"] = runs[env_id]["sync"]["fps"]
+            vector_results.append(r)
+            print(f"  done vector {env_id} N={n}: ceiling {r['ceiling_fps']:,.0f}, daskrl "
+                  f"sync {r['sync']['fps']:,.0f} frames/s", flush=True)
 
     print()
     print_table(["env", "workers", "ceiling frames/s", "daskrl sync", "sync/ceiling",
@@ -201,15 +317,31 @@ def main() -> None:
                   f"{r['sync']['fps'] / r['ceiling_fps']:.2f}", r["async"]["fps"],
                   f"{r['async']['fps'] / r['ceiling_fps']:.2f}", r["sync_no_tls"]["fps"],
                   f"{r['sync']['fps'] / r['sync_no_tls']['fps']:.2f}"] for r in results])
+    if vector_results:
+        print("\nvector envs (8 sub-envs per worker, sync mode; ceiling: the same vector env "
+              "in a plain loop):")
+        print_table(["env", "workers", "vector ceiling", "daskrl vector", "daskrl/ceiling",
+                     "single-env ceiling", "vector/single ceiling", "daskrl vector/single"],
+                    [[r["env"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
+                      f"{r['sync']['fps'] / r['ceiling_fps']:.2f}",
+                      r.get("single_ceiling_fps", "-"),
+                      f"{r['ceiling_fps'] / r['single_ceiling_fps']:.2f}"
+                      if "single_ceiling_fps" in r else "-",
+                      f"{r['sync']['fps'] / r['single_sync_fps']:.2f}"
+                      if "single_sync_fps" in r else "-"] for r in vector_results])
     print("\ndaskrl time per batch (seconds, per worker):")
     print_table(["env", "workers", "mode", "rollout", "write", "other", "rollout frames/s/worker"],
                 [[r["env"], r["workers"], mode, r[mode]["rollout_s_per_batch"],
                   r[mode]["write_s_per_batch"], r[mode]["other_s_per_batch"],
-                  r[mode]["rollout_fps_per_worker"]] for r in results for mode in ("sync", "async")])
+                  r[mode]["rollout_fps_per_worker"]] for r in results for mode in ("sync", "async")]
+                + [[f"{r['env']} (vector)", r["workers"], "sync", r["sync"]["rollout_s_per_batch"],
+                    r["sync"]["write_s_per_batch"], r["sync"]["other_s_per_batch"],
+                    r["sync"]["rollout_fps_per_worker"]] for r in vector_results])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu_count": os.cpu_count(), "batches_per_worker": args.batches_per_worker,
-                       "repeats": args.repeats, "results": results}, f, indent=2)
+                       "repeats": args.repeats, "results": results,
+                       "vector_results": vector_results}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from daskrl.weights import WeightsSnapshot, snapshot
 # collecting: the learner's facade and its options
 from daskrl.collect import Collector
 from daskrl.config import CollectorConfig, Compression
+from daskrl.worker._vector_envs import env_seed
 
 # the store: batches, their handles, housekeeping and read limits
 from daskrl.store import (
@@ -78,6 +79,7 @@ __all__ = [
     "Collector",
     "CollectorConfig",
     "Compression",
+    "env_seed",
     # the store
     "BatchHandle",
     "GarbageReport",

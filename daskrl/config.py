@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from daskrl.errors import ConfigError
 from daskrl.worker._devices import DeviceSetting, check_device_setting
@@ -169,6 +169,18 @@ class CollectorConfig:
     each with its mask ``info/_<key>`` (True where the env reported the key at that step); a
     dict entry (``episode``) as ``info/<key>/<sub>``. Numeric entries of one fixed shape only
     (:class:`~daskrl.EnvInfoError` otherwise). See ``docs/env-kinds.md``."""
+    vectorization_mode: Literal["sync", "async", "vector_entry_point"] | None = (
+        dataclasses.field(default=None, metadata={
+            "help": "step a gymnasium id's envs_per_worker envs as one vector env made by "
+                    "gymnasium.make_vec in this mode (default: single envs)"}))
+    """With a gymnasium id: build each stream's ``envs_per_worker`` envs as one vector env,
+    ``gymnasium.make_vec(env, num_envs=envs_per_worker, vectorization_mode=...)``
+    (``docs/env-kinds.md``). An env factory that returns a vector env needs none of this."""
+    vector_kwargs: Mapping[str, Any] | None = dataclasses.field(default=None, metadata={
+        "help": "keyword arguments for the vector env (gymnasium.make_vec's vector_kwargs)",
+        "flag": "by hand"})
+    """With :attr:`vectorization_mode`: ``gymnasium.make_vec``'s ``vector_kwargs``, e.g.
+    ``{"autoreset_mode": "SameStep"}`` or ``{"context": "spawn"}``."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
@@ -225,6 +237,15 @@ class CollectorConfig:
             object.__setattr__(self, "info_keys", check_info_keys(self.info_keys))
         except ValueError as e:
             raise ConfigError(f"{e}.") from None
+        object.__setattr__(self, "vector_kwargs", check_mapping("vector_kwargs",
+                                                                self.vector_kwargs))
+        modes = ("sync", "async", "vector_entry_point")
+        if self.vectorization_mode is not None and self.vectorization_mode not in modes:
+            raise ConfigError(f"vectorization_mode must be one of {', '.join(map(repr, modes))} "
+                              f"or None, got {self.vectorization_mode!r}.")
+        if self.vector_kwargs and self.vectorization_mode is None:
+            raise ConfigError("vector_kwargs apply to a vector env made by gymnasium.make_vec: "
+                              "give vectorization_mode too.")
         if not isinstance(self.resume, int) or (not isinstance(self.resume, bool)
                                                 and self.resume < 0):
             raise ConfigError(f"resume must be True, False or a run number (an integer >= 0), "
@@ -266,7 +287,17 @@ class CollectorConfig:
         d["compression"] = self.compression.value
         d["wrappers"] = list(self.wrappers)
         d["info_keys"] = list(self.info_keys)
+        d["vector_kwargs"] = _jsonable(self.vector_kwargs or {})
         return d
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON keeps it (run records are JSON): enums by their value (an
+    ``AutoresetMode`` as ``"SameStep"``), other objects by their ``repr``."""
+    import json
+
+    return json.loads(json.dumps(value, sort_keys=True,
+                                 default=lambda o: getattr(o, "value", repr(o))))
 
 
 def check_mapping(name: str, value: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -306,3 +337,5 @@ class CollectorOptions(TypedDict, total=False):
     resume: bool | int
     wrappers: tuple[str, ...] | list[str] | str
     info_keys: Sequence[str]
+    vectorization_mode: str | None
+    vector_kwargs: Mapping[str, Any] | None

@@ -234,12 +234,15 @@ def test_batch_deadline_stops_a_slow_env(client, tmp_path):
     assert len(daskrl.open_store(str(tmp_path / "s"))) == 0
 
 
-def test_subprocess_vector_env_gets_a_clear_error(tmp_path):
+def test_vector_env_factory_is_collected_not_refused(client, tmp_path):
+    """Vector envs are an env kind of their own (tests/test_vector_envs.py)."""
     import gymnasium as gym
 
     factory = functools.partial(gym.make_vec, "CartPole-v1", 2, vectorization_mode="sync")
-    with pytest.raises(EnvError, match=re.escape("built a vector env (SyncVectorEnv); return a single gymnasium.Env")):
-        daskrl.Collector(factory, TagPolicy(), str(tmp_path / "s"))
+    with daskrl.Collector(factory, TagPolicy(), str(tmp_path / "s"), client=client,
+                          frames_per_batch=8, total_frames=16, num_workers=1) as c:
+        assert c.config.envs_per_worker == 2
+        assert sum(h.frames for h in c) == 16
 
 
 def test_ctrl_c_during_iteration_stops_tasks_and_keeps_a_users_cluster(client, tmp_path):

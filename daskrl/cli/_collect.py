@@ -11,7 +11,7 @@ import math
 import sys
 from typing import Any
 
-from daskrl.cli._options import add_config_options, config_from_args
+from daskrl.cli._options import add_config_options, config_options
 from daskrl.cli._store import json_object
 from daskrl.cli._target import add_cluster_args, deployment, print_dashboard_link
 from daskrl.deploy._cluster import dashboard_link, require_bokeh
@@ -50,6 +50,11 @@ def add_collect_command(sub: Any) -> None:
                    metavar="JSON",
                    help="JSON object of keyword arguments for gymnasium.make, e.g. "
                         "'{\"gravity\": 9.8}' (default: the env's own)")
+    c.add_argument("--vector-kwargs", type=json_object("--vector-kwargs"), default=None,
+                   metavar="JSON",
+                   help="with --vectorization-mode: JSON object of keyword arguments for the "
+                        "vector env (gymnasium.make_vec's vector_kwargs), e.g. "
+                        "'{\"autoreset_mode\": \"SameStep\"}' (default: none)")
     c.add_argument("--env-var", type=_env_var, action="append", default=[],
                    metavar="NAME=VALUE",
                    help="an environment variable set on every worker before its envs are "
@@ -132,18 +137,26 @@ def run_collect(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from daskrl.collect._collector import Collector
-    from daskrl.collect._env_list import env_specs, probe_envs
+    from daskrl.collect._env_list import resolve_envs
+    from daskrl.config import CollectorConfig
 
-    config = config_from_args(  # bad values fail before the env is made
-        args, device=args.device, env_kwargs=args.env_kwargs, env_vars=dict(args.env_var),
-        shared_memory=args.shared_memory, wrappers=tuple(args.wrapper))
+    by_hand = {"device": args.device, "env_kwargs": args.env_kwargs,
+               "env_vars": dict(args.env_var), "shared_memory": args.shared_memory,
+               "wrappers": tuple(args.wrapper), "vector_kwargs": args.vector_kwargs}
+    values = {**{o.field: getattr(args, o.field) for o in config_options()}, **by_hand}
+    given = bool(getattr(args, "envs_per_worker_given", False))
+    # bad values fail before the env is made (envs_per_worker, where a vector env may give
+    # it, once the env is made)
+    CollectorConfig(**{**values, "envs_per_worker": args.envs_per_worker if given else 1})
     if args.dashboard is not None:
         require_bokeh()  # before the env is made
     env = args.env[0] if len(args.env) == 1 else list(args.env)
     try:  # with the wrappers: the policy is made for the spaces the workers' envs have
-        obs_space, act_space = probe_envs(env_specs(env, config))
+        resolved = resolve_envs(env, values, given)
     except EnvError as e:  # made here, before any cluster: the env id or its kwargs are wrong
         raise ConfigError(str(e)) from e
+    config, obs_space, act_space = (resolved.config, resolved.observation_space,
+                                    resolved.action_space)
     policy = make_policy(args.policy, obs_space, act_space)
     loggers = []
     if args.tensorboard is not None:  # a missing extra fails before any cluster starts

@@ -124,7 +124,24 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     """Add a flag for each :class:`CollectorConfig` field to ``parser`` (one group)."""
     group = parser.add_argument_group("collection (daskrl.CollectorConfig)")
     for option in config_options():
-        group.add_argument(option.flag, dest=option.field, **option.kwargs)
+        kwargs = dict(option.kwargs)
+        if option.field in MARK_GIVEN:
+            kwargs["action"] = _Given
+        group.add_argument(option.flag, dest=option.field, **kwargs)
+
+
+MARK_GIVEN = ("envs_per_worker",)
+"""Fields whose flags also set ``<field>_given`` (a vector env's ``num_envs`` gives
+``envs_per_worker`` unless the flag does)."""
+
+
+class _Given(argparse.Action):
+    """Store the value, and ``<dest>_given = True``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
 
 
 def config_from_args(args: argparse.Namespace, **by_hand: Any) -> CollectorConfig:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from daskrl.collect._env_list import env_specs, probe_envs
+from daskrl.collect._env_list import resolve_envs
 from daskrl.config import CollectorConfig
 from daskrl.errors import PolicyError, StoreError
 from daskrl.store._store import TrajectoryStore, check_store_options, normalize_url
@@ -41,18 +41,23 @@ class Checked:
     store: TrajectoryStore
     env_specs: tuple[EnvSpec, ...] = ()
     """Every env of the collection, by env index (one, unless ``env`` was a list)."""
+    config: CollectorConfig | None = None
+    """The config, with ``envs_per_worker`` a vector env's ``num_envs``."""
 
 
 def check_on_learner(env: EnvLike | Sequence[EnvLike], policy: PolicyLike, store: str,
                      storage_options: Mapping[str, Any] | None,
-                     cfg: CollectorConfig) -> Checked:
+                     values: Mapping[str, Any], envs_per_worker_given: bool = True) -> Checked:
     """Everything a collector can check on the learner, before any worker spends time: the
-    store URL and options, the env (made once for its spaces), the policy's output on sample
-    observations, and the store (created if new; a store with no run number left fails).
-    Several envs (a list) must share their spaces (:mod:`daskrl.collect._env_list`)."""
+    store URL and options, the config (``values``, its fields) and the envs (each made once
+    for its spaces: :func:`~daskrl.collect._env_list.resolve_envs`, where a vector env's
+    ``num_envs`` becomes ``envs_per_worker`` unless ``envs_per_worker_given``), the policy's
+    output on sample observations, and the store (created if new; a store with no run number
+    left fails). Several envs (a list) must share their spaces."""
     check_store_options(normalize_url(store), storage_options)
-    specs = env_specs(env, cfg)
-    obs_space, act_space = probe_envs(specs)
+    resolved = resolve_envs(env, values, envs_per_worker_given)
+    cfg, specs = resolved.config, resolved.specs
+    obs_space, act_space = resolved.observation_space, resolved.action_space
     env_spec = specs[0]
     module, factory = resolve_policy(policy)
     check_policy_output(module, env_spec, obs_space, act_space, cfg.envs_per_worker)
@@ -60,7 +65,7 @@ def check_on_learner(env: EnvLike | Sequence[EnvLike], policy: PolicyLike, store
     trajectories = TrajectoryStore(store, storage_options, read_only=False)
     trajectories.initialize()
     trajectories.next_run()
-    return Checked(env_spec, obs_space, act_space, module, spec, trajectories, specs)
+    return Checked(env_spec, obs_space, act_space, module, spec, trajectories, specs, cfg)
 
 
 def _policy_device(module: torch.nn.Module) -> torch.device:

@@ -59,7 +59,9 @@ class Collector:
         A gymnasium id (``"module:Id"`` imports the module that registers it), an import path
         ``"module:factory"``, or a zero-argument factory returning a ``gymnasium.Env``; or a
         list of them, one env per stream (stream ``s`` collects env ``s % len(env)``; they
-        must share their spaces; ``docs/env-kinds.md``, "Several envs").
+        must share their spaces; ``docs/env-kinds.md``, "Several envs"). A factory may return
+        a ``gymnasium.vector.VectorEnv``, whose ``num_envs`` is then ``envs_per_worker``; an id
+        becomes one with ``vectorization_mode`` (``docs/env-kinds.md``, "Vector envs").
     policy
         A ``torch.nn.Module`` mapping an observation tensor ``[E, *obs]`` to an action tensor
         ``[E, *act]`` or to a dict ``{"action": ..., <extra per-step outputs>}``; or a
@@ -111,9 +113,14 @@ class Collector:
         self._metrics = MetricsFeed(loggers)
         # 1. Everything that can be checked on the learner, before any worker spends time.
         base = field_values(config) if config is not None else {}
-        self.config = CollectorConfig(**{**base, **cast(dict[str, Any], options)})
-        cfg = self.config
-        checked = check_on_learner(env, policy, store, storage_options, cfg)
+        merged = {**base, **cast(dict[str, Any], options)}
+        given = "envs_per_worker" in options or (config is not None and config.envs_per_worker
+                                                 != CollectorConfig.envs_per_worker)
+        # A vector env's num_envs is envs_per_worker: until the learner has made the envs, the
+        # other settings are checked against one env per stream (unless it was given).
+        checked = check_on_learner(env, policy, store, storage_options, merged, given)
+        assert checked.config is not None
+        self.config = cfg = checked.config
         self.env_spec, self._policy_spec, self._store = (checked.env_spec, checked.policy_spec,
                                                          checked.store)
         self.observation_space, self.action_space = checked.observation_space, checked.action_space

@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 MUST_AGREE = ("env", "observation_space", "action_space", "envs_per_worker", "frames_per_batch",
               "total_frames", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter",
-              "seed", "wrappers", "info_keys")
+              "seed", "wrappers", "info_keys", "vectorization_mode", "vector_kwargs")
 """Settings a resumed run must share with the run it resumes: they shape the data (what a
 batch holds, how long it is, how episodes end, what the frame budget is, where the seeds come
 from). The others (``num_workers``, ``sync``, ``compression``, timeouts, ...) may change."""

@@ -23,8 +23,9 @@ from daskrl.errors import CollectorClosedError
 from daskrl.store._store import TrajectoryStore
 from daskrl.weights._snapshot import PolicySpec
 from daskrl.worker._devices import DeviceSetting, resolve_device
-from daskrl.worker._envs import EnvSpec, apply_env_vars
+from daskrl.worker._envs import EnvSpec, apply_env_vars, check_may_start_processes
 from daskrl.worker._rollout import EnvSet
+from daskrl.worker._vector import VectorEnvSet, make_envset
 from daskrl.worker._weights_cache import WeightsCache, WeightsRef
 
 __all__ = ["CollectorPlugin", "collector_plugin"]
@@ -75,7 +76,7 @@ class CollectorPlugin(WorkerPlugin):
         may hold a mix), -1 before the first."""
         self.weight_loads = 0
         """Loads of a new version: one per version on this worker."""
-        self.envsets: dict[int, EnvSet] = {}
+        self.envsets: dict[int, EnvSet | VectorEnvSet] = {}
         self.store: TrajectoryStore | None = None
         self.weights = WeightsCache(self.name, f"worker {self.worker_address}")
 
@@ -104,6 +105,8 @@ class CollectorPlugin(WorkerPlugin):
         self.worker_name = str(worker.name)
         self.worker_address = worker.address
         self.weights.where = f"worker {self.worker_address}"
+        for spec in self.envs:
+            check_may_start_processes(spec, f"worker {self.worker_address}")
 
     def teardown(self, worker: Worker) -> None:
         for envset in self.envsets.values():
@@ -136,7 +139,7 @@ class CollectorPlugin(WorkerPlugin):
         return self.envs[0]
 
     def envset(self, stream: int, previous_batch_id: int | None, batch_id: int,
-               attempt: int = 0, env: int = 0) -> EnvSet:
+               attempt: int = 0, env: int = 0) -> EnvSet | VectorEnvSet:
         """The stream's envs, continuing from its previous batch where this worker has them.
 
         Envs left behind by a batch that is not the stream's previous one (the stream ran
@@ -151,8 +154,8 @@ class CollectorPlugin(WorkerPlugin):
         if envset is None:
             fresh = previous_batch_id is None and attempt == 0 and not self.resumed
             restart = () if fresh else (batch_id, attempt)
-            envset = EnvSet(self.envs[env], self.config.envs_per_worker, self.config.seed, stream,
-                            restart, info_keys=self.config.info_keys)
+            envset = make_envset(self.envs[env], self.config.envs_per_worker, self.config.seed,
+                                 stream, restart, info_keys=self.config.info_keys)
             self.envsets[stream] = envset
         return envset
 

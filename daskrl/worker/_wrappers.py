@@ -12,12 +12,20 @@ e.g. ``gymnasium.wrappers.FrameStackObservation:stack_size=4`` or
 ``gymnasium.wrappers.AtariPreprocessing:frame_skip=1,screen_size=84``. The callable is called as
 ``wrapper(env, **kwargs)`` and must return a ``gymnasium.Env``. Parsing (:func:`parse_wrapper`)
 is pure; importing and applying (:meth:`WrapperSpec.apply`) happen where envs are made.
+
+With a vector env (:func:`split_for_vector`): a subclass of ``gymnasium.vector.VectorWrapper``
+(``gymnasium.wrappers.vector.*``) wraps the vector env; any other wrapper wraps each sub-env,
+which daskrl can do only where it builds the vector env with ``gymnasium.make_vec`` in the
+``sync`` or ``async`` mode (its ``wrappers=``). Elsewhere (a factory's vector env, a
+``vector_entry_point`` env, envpool) a single-env wrapper is refused with a
+:class:`~daskrl.WrapperError` saying what to do.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,7 +34,8 @@ import gymnasium as gym
 
 from daskrl.errors import WrapperError
 
-__all__ = ["WrapperSpec", "apply_wrappers", "parse_wrapper", "parse_wrappers"]
+__all__ = ["WrapperSpec", "apply_vector_wrappers", "apply_wrappers", "parse_wrapper",
+           "parse_wrappers", "split_for_vector"]
 
 _GRAMMAR = ("a wrapper spec is 'package.module.Wrapper' or 'package.module.Wrapper:KEY=VALUE,"
             "KEY=VALUE' with Python literals as values, e.g. "
@@ -95,6 +104,82 @@ class WrapperSpec:
             raise WrapperError(f"wrapper {self.text!r} returned a {type(wrapped).__name__} for "
                                f"env {env_name}, expected a gymnasium.Env (a gymnasium.Wrapper).")
         return wrapped
+
+    @property
+    def wraps_vector_envs(self) -> bool:
+        """Whether the wrapper is a ``gymnasium.vector.VectorWrapper`` (imports it)."""
+        obj = self.resolve()
+        return isinstance(obj, type) and issubclass(obj, gym.vector.VectorWrapper)
+
+    def apply_vector(self, env: gym.vector.VectorEnv, env_name: str) -> gym.vector.VectorEnv:
+        """``wrapper(env, **kwargs)`` of a vector wrapper, checked."""
+        wrapper = self.resolve()
+        try:
+            wrapped = wrapper(env, **dict(self.kwargs))
+        except Exception as e:
+            raise WrapperError(
+                f"wrapper {self.text!r} failed on vector env {env_name}: {type(e).__name__}: "
+                f"{e}. Check its KEY=VALUE arguments and that it suits the env's spaces.") from e
+        if not isinstance(wrapped, gym.vector.VectorEnv):
+            raise WrapperError(f"wrapper {self.text!r} returned a {type(wrapped).__name__} for "
+                               f"vector env {env_name}, expected a gymnasium.vector.VectorEnv.")
+        return wrapped
+
+
+def _wrap_one(spec: WrapperSpec, env_name: str, env: gym.Env) -> gym.Env:
+    return spec.apply(env, env_name)
+
+
+def split_for_vector(wrappers: tuple[WrapperSpec, ...], env_name: str, kind: str,
+                     per_sub_env: bool) -> tuple[list[Callable[[gym.Env], gym.Env]],
+                                                 tuple[WrapperSpec, ...]]:
+    """``wrappers`` for a vector env ``kind``: the sub-env wrappers (callables for
+    ``gymnasium.make_vec``'s ``wrappers=``, in order) and the vector wrappers after them.
+
+    ``per_sub_env``: whether daskrl builds the sub-envs (``gymnasium.make_vec`` in the
+    ``sync``/``async`` mode). Raises :class:`WrapperError` for a single-env wrapper where it
+    does not, and for one after a vector wrapper."""
+    single: list[Callable[[gym.Env], gym.Env]] = []
+    vector: list[WrapperSpec] = []
+    for w in wrappers:
+        if w.wraps_vector_envs:
+            vector.append(w)
+            continue
+        name = w.path.rsplit(".", 1)[-1]
+        import gymnasium.wrappers.vector as vector_wrappers
+
+        alt = (f"its vector form gymnasium.wrappers.vector.{name}, "
+               if hasattr(vector_wrappers, name) else "a gymnasium.vector.VectorWrapper, ")
+        if not per_sub_env:
+            raise WrapperError(
+                f"wrapper {w.text!r} wraps single envs, but env {env_name} builds a vector env "
+                f"({kind}), whose sub-envs daskrl does not make. Use {alt}or apply it to each "
+                "sub-env inside the factory (e.g. gymnasium.make_vec(..., wrappers=[...])), or "
+                "give a gymnasium id with vectorization_mode='sync' or 'async', where wrappers "
+                "apply to each sub-env.")
+        if vector:
+            raise WrapperError(
+                f"wrapper {w.text!r} wraps single envs and comes after the vector wrapper "
+                f"{vector[-1].text!r} (env {env_name}): daskrl applies the wrappers of the "
+                "sub-envs first, then those of the vector env. Give the sub-env wrappers "
+                "first.")
+        single.append(functools.partial(_wrap_one, w, env_name))
+    return single, tuple(vector)
+
+
+def apply_vector_wrappers(env: gym.vector.VectorEnv, wrappers: tuple[WrapperSpec, ...],
+                          env_name: str) -> gym.vector.VectorEnv:
+    """Apply vector wrappers in order; close ``env`` if one fails."""
+    for w in wrappers:
+        try:
+            env = w.apply_vector(env, env_name)
+        except BaseException:
+            try:
+                env.close()
+            except Exception:  # closing is best effort; the wrapper's error is what matters
+                pass
+            raise
+    return env
 
 
 def _literal_kwargs(text: str, spec: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def test_every_field_has_a_flag_with_its_default_and_help():
     fields = [f for f in dataclasses.fields(CollectorConfig) if f.metadata.get("flag") != "by hand"]
     # fields whose flags the collect command writes itself (their own parsing)
     assert {f.name for f in dataclasses.fields(CollectorConfig)} - {f.name for f in fields} == {
-        "device", "env_kwargs", "env_vars", "shared_memory", "wrappers"}
+        "device", "env_kwargs", "env_vars", "shared_memory", "wrappers", "vector_kwargs"}
     assert list(options) == [f.name for f in fields]
     parsed = vars(_parser().parse_args([]))
     for f in fields:
