@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 import numcodecs
@@ -27,6 +27,7 @@ from daskrl._checksums import crc32c
 from daskrl.config import Compression
 from daskrl.errors import UnsupportedDtypeError
 from daskrl.store._format import zip_container as zc
+from daskrl.store._format.codec_choice import CodecChoices
 
 __all__ = ["CHUNK_BYTES", "EncodedBatch", "chunk_rows", "dimension_names", "encode_array",
            "encode_batch", "group_document"]
@@ -138,18 +139,41 @@ def _array_document(name: str, shape: tuple[int, ...], dtype: np.dtype, rows: in
     return json.dumps(meta, indent=1).encode()
 
 
-def _array_members(path: str, arr: np.ndarray, compression: Compression, chunk_bytes: int
-                   ) -> Iterator[tuple[str, list[Any]]]:
+def _array_members(path: str, arr: np.ndarray, compression: Compression, chunk_bytes: int,
+                   choices: CodecChoices | None = None, stream: Hashable = None
+                   ) -> list[tuple[str, list[Any]]]:
     """``(member name, buffers)`` of the zarr v3 array ``path``: its ``zarr.json``, then its
-    chunks; a member's content is its buffers joined."""
+    chunks; a member's content is its buffers joined.  With ``choices``, a compressed array
+    whose compression saves too little is stored raw (and ``choices`` remembers it for the
+    array's later batches in ``stream``)."""
+    _data_type(arr.dtype)  # refuses what cannot be stored before any work
     rows = chunk_rows(arr, chunk_bytes)
+    compression = Compression(compression)
+    key = (stream, path, arr.dtype.str, arr.shape[1:], compression.value)
+    if (compression != Compression.NONE and choices is not None
+            and not choices.should_try(key)):
+        compression = Compression.NONE
+    chunks = _chunks(path, arr, compression, rows)
+    if compression != Compression.NONE and choices is not None:
+        stored = sum(len(parts[0]) for _, parts in chunks)
+        raw = -(-arr.shape[0] // rows) * rows * arr[:1].nbytes if arr.shape[0] else 0
+        if not choices.judge(key, raw, stored):
+            compression = Compression.NONE
+            chunks = _chunks(path, arr, compression, rows)
     doc = _array_document(path, arr.shape, arr.dtype, rows, compression)
-    yield f"{path}/zarr.json", [doc]
+    return [(f"{path}/zarr.json", [doc]), *chunks]
+
+
+def _chunks(path: str, arr: np.ndarray, compression: Compression, rows: int
+            ) -> list[tuple[str, list[Any]]]:
     tail = "/0" * (arr.ndim - 1)
+    out = []
     for i, start in enumerate(range(0, arr.shape[0], rows)):
         chunk = arr[start:start + rows]
         # edge chunks are stored at full chunk shape, padded with zeros
-        yield f"{path}/c/{i}{tail}", _encode_chunk(chunk, compression, rows - chunk.shape[0])
+        out.append((f"{path}/c/{i}{tail}",
+                    _encode_chunk(chunk, compression, rows - chunk.shape[0])))
+    return out
 
 
 def encode_array(path: str, arr: np.ndarray, compression: Compression,
@@ -203,12 +227,17 @@ class EncodedBatch:
 
 
 def encode_batch(attributes: dict[str, Any], arrays: Mapping[str, np.ndarray],
-                 compression: Compression, *, chunk_bytes: int = CHUNK_BYTES) -> EncodedBatch:
+                 compression: Compression, *, chunk_bytes: int = CHUNK_BYTES,
+                 choices: CodecChoices | None = None, stream: Hashable = None) -> EncodedBatch:
     """The container of a batch group: every array's chunks first, then the documents (the
     arrays' ``zarr.json``, those of the groups of structured arrays (``observation/`` for
     ``observation/desired_goal``), and the batch group's, with ``attributes``).  Chunks hold at
     most ``chunk_bytes`` before compression.  Raises :class:`~daskrl.UnsupportedDtypeError` for
-    an array that is not numeric or bool."""
+    an array that is not numeric or bool.
+
+    ``choices`` (a writer's :class:`~.codec_choice.CodecChoices`) stores raw each array whose
+    compression saves too little, decided per array of ``stream``; without it every array is
+    compressed with ``compression``."""
     chunks: list[tuple[str, list[Any]]] = []
     docs: list[tuple[str, list[Any]]] = []
     groups: dict[str, None] = {}
@@ -216,7 +245,8 @@ def encode_batch(attributes: dict[str, Any], arrays: Mapping[str, np.ndarray],
         parts_of = name.split("/")
         for depth in range(1, len(parts_of)):
             groups["/".join(parts_of[:depth])] = None
-        for key, parts in _array_members(name, arr, Compression(compression), chunk_bytes):
+        for key, parts in _array_members(name, arr, Compression(compression), chunk_bytes,
+                                         choices, stream):
             (docs if key.endswith("zarr.json") else chunks).append((key, parts))
     group_docs = [(f"{g}/zarr.json", [_EMPTY_GROUP]) for g in groups]
     return EncodedBatch([*chunks, *docs, *group_docs,
