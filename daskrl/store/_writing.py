@@ -44,8 +44,10 @@ class Writer:
         self.docs = docs
         self.backend = docs.backend
         self.url = docs.url
-        self.codec_choices = CodecChoices()
-        """Which arrays this writer compresses (decided per array of each stream)."""
+        self.codec_choices: CodecChoices | None = CodecChoices()
+        """Which arrays this writer compresses (decided per array of each stream); None
+        compresses every array with the plain codec of its ``compression`` (what writers of
+        daskrl before per-array choices did)."""
 
     # -- runs ------------------------------------------------------------------------------
     def register_run(self, settings: Mapping[str, Any], resumes: int | None = None) -> int:
