@@ -205,3 +205,22 @@ def test_damage_in_a_later_batch_of_a_known_shape_is_found(tmp_path):
         r.load(4)
     # the undamaged batch still reads, through the same cached plan
     np.testing.assert_array_equal(r.load(0)["observation"].numpy(), _arrays(seed=0)["observation"])
+
+
+def test_large_batches_of_one_shape_read_with_their_own_checksums(tmp_path):
+    """Batches of more than a MiB are read by the general (parallel) executor: each with its
+    own CRC-32s, never those of the first batch of its shape."""
+    root = tmp_path / "s"
+    w = _writer(root)
+    rng = np.random.default_rng(0)
+    batches = [{"observation": rng.standard_normal((64, 8, 600)).astype(np.float32),  # 1.2 MB
+                "noise": rng.integers(0, 256, (64, 8, 32, 32), dtype=np.uint8),
+                "episode_id": np.repeat(np.arange(8, dtype=np.int64)[None], 64, 0)}
+               for _ in range(3)]  # raw arrays of one size: one directory structure
+    for i, a in enumerate(batches):
+        w.write_batch(i, a, _meta(), compression="zstd")
+    r = daskrl.open_store(str(root))
+    for i, a in enumerate(batches):
+        got = r.load(i)
+        for k, v in a.items():
+            np.testing.assert_array_equal(got[k].numpy(), v)

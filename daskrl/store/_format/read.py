@@ -124,7 +124,10 @@ def read_batch(source: ByteSource, index: BatchIndex, names: Sequence[str] | Non
     fd = source.fileno()
     try:
         compiled = _compiled(index, names) if fd is not None else None
-        plan = compiled.plan if compiled is not None else plan_reads(index, names)
+        # a compiled plan's ChunkRead.crc are its first batch's: only _read_compiled (which
+        # takes this batch's) may use it; the general executors get this batch's own plan
+        plan = (compiled.plan if compiled is not None and compiled.runs is not None
+                else plan_reads(index, names))
         for r in plan.fills:
             arrays[r.array][r.region] = r.layout.fill_value
         if compiled is not None and compiled.runs is not None:
