@@ -21,11 +21,11 @@ import daskrl
 from daskrl import StoreError, StoreFormatError
 from daskrl._checksums import crc32c
 from daskrl.store import TrajectoryStore
-from daskrl.store._format.codec_choice import MIN_SAVING, CodecChoices
+from daskrl.store._format.codec_choice import MIN_SAVED_BYTES, MIN_SAVING, CodecChoices
 
 pytestmark = pytest.mark.timeout(120)
 
-T, E = 64, 4
+T, E = 256, 16
 
 
 def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
@@ -88,7 +88,8 @@ def test_an_incompressible_array_is_stored_raw_and_compressible_ones_compressed(
     assert got["pixels"] == ("zstd" if compression == "zstd" else "blosc-lz4")
     # zstd on elements wider than a byte: blosc's zstd after a byte shuffle
     assert got["episode_id"] == ("blosc-zstd" if compression == "zstd" else "blosc-lz4")
-    assert got["terminated"] != "raw"
+    # 4 KiB of flags would save under MIN_SAVED_BYTES: a codec call costs more than it saves
+    assert got["terminated"] == "raw"
     assert all(c[-1] == "crc32c" and c[0] == "bytes" for c in _codecs(root, path).values())
     # zarr alone reads both kinds, and daskrl reads what zarr reads
     by_zarr = _zarr_read(root, path)
@@ -127,13 +128,16 @@ def test_the_decision_is_remembered_per_stream_and_retried(tmp_path):
 
 
 def test_codec_choices_judge_by_the_saving():
-    c = CodecChoices()
+    c = CodecChoices(min_saved_bytes=0)
     assert c.should_try("k")  # undecided: try
     assert not c.judge("k", 1000, int(1000 * (1 - MIN_SAVING)) + 1)  # saves under 10 %: raw
     assert not c.should_try("k")
     assert c.judge("j", 1000, int(1000 * (1 - MIN_SAVING)))  # saves 10 %: compressed
     assert c.should_try("j")
     assert c.decisions() == {"k": False, "j": True}
+    big = CodecChoices()
+    assert not big.judge("small", MIN_SAVED_BYTES, 1)  # saves 99 % but under 16 KiB
+    assert big.judge("large", 10 * MIN_SAVED_BYTES, 1)
     with pytest.raises(ValueError):
         CodecChoices(min_saving=1.0)
 

@@ -5,8 +5,9 @@ low-dimensional float observations (random walks, actions, log-probs: 1.08x with
 it only costs time: encoding at ~1 GB/s and decoding at ~1.3 GB/s against a page cache that
 moves several GB/s.  A :class:`CodecChoices` remembers, per array of a stream of batches
 (one writer's stream, an array's name, dtype and trailing shape), whether the compressor
-saved at least :data:`MIN_SAVING` of the array's bytes the last time it was tried, and the
-encoder (:mod:`.encode`) stores the array raw (codecs ``bytes`` -> ``crc32c``) when it did not.
+saved at least :data:`MIN_SAVING` of the array's bytes, and :data:`MIN_SAVED_BYTES`, the last
+time it was tried, and the encoder (:mod:`.encode`) stores the array raw (codecs ``bytes`` ->
+``crc32c``) when it did not.
 The decision is recorded where it always was, in each array's ``zarr.json``: a reader needs
 nothing new.
 
@@ -21,11 +22,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable
 
-__all__ = ["MIN_SAVING", "RETRY_EVERY", "CodecChoices"]
+__all__ = ["MIN_SAVED_BYTES", "MIN_SAVING", "RETRY_EVERY", "CodecChoices"]
 
 MIN_SAVING = 0.10
 """An array is compressed when its compressed chunks are at most ``1 - MIN_SAVING`` of its raw
-chunks' bytes."""
+chunks' bytes ..."""
+
+MIN_SAVED_BYTES = 16 << 10
+"""... and at least this many bytes smaller: a codec call costs ~10 µs however small the chunk
+(zstd's and blosc's set-up), the time a page cache moves 16-32 KiB, so a 4 KiB array of flags
+is read faster raw than decoded."""
 
 RETRY_EVERY = 64
 """A raw array's compression is tried again on every ``RETRY_EVERY``-th batch."""
@@ -41,10 +47,13 @@ class CodecChoices:
     to judge); ``judge(key, raw, stored)`` records what it gave and says whether to keep it.
     """
 
-    def __init__(self, min_saving: float = MIN_SAVING, retry_every: int = RETRY_EVERY) -> None:
-        if not 0.0 <= min_saving < 1.0 or retry_every < 1:
-            raise ValueError("min_saving must lie in [0, 1) and retry_every be at least 1")
+    def __init__(self, min_saving: float = MIN_SAVING, retry_every: int = RETRY_EVERY,
+                 min_saved_bytes: int = MIN_SAVED_BYTES) -> None:
+        if not 0.0 <= min_saving < 1.0 or retry_every < 1 or min_saved_bytes < 0:
+            raise ValueError("min_saving must lie in [0, 1), retry_every be at least 1 and "
+                             "min_saved_bytes at least 0")
         self.min_saving = min_saving
+        self.min_saved_bytes = min_saved_bytes
         self.retry_every = retry_every
         self._raw_batches: dict[Hashable, int] = {}
         """Key -> raw batches written since the last try; absent: compress (or not yet known)."""
@@ -67,7 +76,8 @@ class CodecChoices:
     def judge(self, key: Hashable, raw_bytes: int, stored_bytes: int) -> bool:
         """Record an array's compressed size; True to keep it compressed, False to store it raw
         (now and in the next batches)."""
-        keep = stored_bytes <= (1.0 - self.min_saving) * raw_bytes
+        keep = (stored_bytes <= (1.0 - self.min_saving) * raw_bytes
+                and raw_bytes - stored_bytes >= self.min_saved_bytes)
         with self._lock:
             if len(self._known) >= _MAX_KEYS and key not in self._known:
                 self._known.clear()
