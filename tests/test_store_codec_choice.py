@@ -88,7 +88,7 @@ def test_an_incompressible_array_is_stored_raw_and_compressible_ones_compressed(
     assert got["pixels"] == ("zstd" if compression == "zstd" else "blosc-lz4")
     # zstd on elements wider than a byte: blosc's zstd after a byte shuffle
     assert got["episode_id"] == ("blosc-zstd" if compression == "zstd" else "blosc-lz4")
-    # 4 KiB of flags would save under MIN_SAVED_BYTES: a codec call costs more than it saves
+    # 4 KiB of flags save under MIN_SAVED_BYTES (4 KiB): a codec call costs more than that
     assert got["terminated"] == "raw"
     assert all(c[-1] == "crc32c" and c[0] == "bytes" for c in _codecs(root, path).values())
     # zarr alone reads both kinds, and daskrl reads what zarr reads
@@ -136,7 +136,7 @@ def test_codec_choices_judge_by_the_saving():
     assert c.should_try("j")
     assert c.decisions() == {"k": False, "j": True}
     big = CodecChoices()
-    assert not big.judge("small", MIN_SAVED_BYTES, 1)  # saves 99 % but under 16 KiB
+    assert not big.judge("small", MIN_SAVED_BYTES, 1)  # saves 99 % but under 4 KiB
     assert big.judge("large", 10 * MIN_SAVED_BYTES, 1)
     with pytest.raises(ValueError):
         CodecChoices(min_saving=1.0)

@@ -28,10 +28,11 @@ MIN_SAVING = 0.10
 """An array is compressed when its compressed chunks are at most ``1 - MIN_SAVING`` of its raw
 chunks' bytes ..."""
 
-MIN_SAVED_BYTES = 16 << 10
-"""... and at least this many bytes smaller: a codec call costs ~10 µs however small the chunk
-(zstd's and blosc's set-up), the time a page cache moves 16-32 KiB, so a 4 KiB array of flags
-is read faster raw than decoded."""
+MIN_SAVED_BYTES = 4 << 10
+"""... and at least this many bytes (a page, a file system block) smaller: a codec call costs
+~10 µs however small the chunk (zstd's and blosc's set-up), the time a page cache moves tens of
+KiB, so an array of 4 KiB of flags is read faster raw than decoded, for at most a block more
+on disk."""
 
 RETRY_EVERY = 64
 """A raw array's compression is tried again on every ``RETRY_EVERY``-th batch."""
