@@ -130,7 +130,7 @@ def read_batch(source: ByteSource, index: BatchIndex, names: Sequence[str] | Non
                 else plan_reads(index, names))
         for r in plan.fills:
             arrays[r.array][r.region] = r.layout.fill_value
-        if compiled is not None and compiled.runs is not None:
+        if fd is not None and compiled is not None and compiled.runs is not None:
             _read_compiled(fd, compiled.runs, index.crcs, arrays)
         elif fd is not None:
             _read_local(fd, plan.reads, arrays, plan.nbytes >= PARALLEL_BYTES)
