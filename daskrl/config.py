@@ -30,7 +30,8 @@ stored with the run (:meth:`CollectorConfig.as_dict`)."""
 
 
 class Compression(str, enum.Enum):
-    """Compressor applied to every chunk (a checksum is always added)."""
+    """Compressor of the stored chunks (a checksum is always added); the writer stores raw
+    each array it would shrink by less than 10 % (see the store format's codecs)."""
 
     ZSTD = "zstd"
     LZ4 = "lz4"
@@ -98,7 +99,7 @@ class CollectorConfig:
     a slow learner (backpressure)."""
     compression: Compression = dataclasses.field(default=Compression.ZSTD, metadata={
         "help": "compressor for the stored chunks (a checksum is always added)"})
-    """Compressor for the stored chunks."""
+    """Compressor for the stored chunks (arrays it shrinks by less than 10 % are stored raw)."""
     batch_timeout: float | None = dataclasses.field(default=None, metadata={
         "help": "seconds a batch may take on its worker before it is stopped and discarded"})
     """Seconds a batch may take on its worker; past it the batch is stopped (checked between

@@ -77,8 +77,11 @@ def test_cli_inspect_gc_and_prune(tmp_path, capsys):
                  "weights versions:  2 (0..1)", "workers:           2", f"plot: {png}"):
         assert line in text, (line, text)
     ratio = float(re.search(r"compression ratio (\d+\.\d+)", text).group(1))
-    assert ratio > 1.5  # repetitive observations compress under zstd
-    assert re.search(r"bytes on disk:     \d+\.\d KiB \(chunks \d+ B of 4\.6 KiB uncompressed: compression ratio", text)
+    # arrays this small are stored raw (compression would save under 4 KiB of each): the ratio
+    # is that of raw chunks with their 4-byte crc32c
+    assert 0.9 < ratio < 1.0
+    assert re.search(r"bytes on disk:     \d+\.\d KiB \(chunks \d+(\.\d)? (B|KiB) of 4\.6 KiB "
+                     r"uncompressed: compression ratio", text), text
     assert "garbage:           2 B" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 

@@ -15,6 +15,7 @@ from daskrl.config import Compression
 from daskrl.errors import StoreError
 from daskrl.store._documents import Documents
 from daskrl.store._format import EncodedBatch, ZipFormatError, encode_batch
+from daskrl.store._format.codec_choice import CodecChoices
 from daskrl.store._layout import (
     BATCH_IDS_PER_RUN,
     MAX_RUNS,
@@ -43,6 +44,10 @@ class Writer:
         self.docs = docs
         self.backend = docs.backend
         self.url = docs.url
+        self.codec_choices: CodecChoices | None = CodecChoices()
+        """Which arrays this writer compresses (decided per array of each stream); None
+        compresses every array with the plain codec of its ``compression`` (what writers of
+        daskrl before per-array choices did)."""
 
     # -- runs ------------------------------------------------------------------------------
     def register_run(self, settings: Mapping[str, Any], resumes: int | None = None) -> int:
@@ -109,8 +114,9 @@ class Writer:
         for _ in range(COMMIT_TRIES):
             path = attempt_path(batch_id)
             full = {**meta, "batch_id": batch_id, "path": path}
-            self._write_container(batch_id, path, encode_batch(full, arrays,
-                                                               Compression(compression)))
+            encoded = encode_batch(full, arrays, Compression(compression),
+                                   choices=self.codec_choices, stream=meta.get("stream"))
+            self._write_container(batch_id, path, encoded)
             try:
                 committed = self.docs.create_exclusive(key, group_doc(full))
             except FileNotFoundError:

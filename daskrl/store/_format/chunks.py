@@ -12,8 +12,9 @@ import struct
 import zlib
 from typing import Any
 
-import numcodecs
 import numpy as np
+from numcodecs import blosc as _blosc
+from numcodecs import zstd as _zstd
 
 from daskrl._checksums import crc32c
 from daskrl.errors import StoreError
@@ -118,10 +119,10 @@ def decode_chunk(data: Any, layout: ArrayLayout, out: np.ndarray) -> None:
         declared = _zstd_content_size(buf)
         if declared != expected:
             raise ChunkError(f"zstd frame declares {declared} bytes, expected {expected}")
-        _codec_decode(numcodecs.Zstd(), "zstd", buf, out)
+        _codec_decode(_zstd.decompress, "zstd", buf, out)
     elif layout.compressor == "blosc":
         check_blosc_header(buf, expected, layout)
-        _codec_decode(numcodecs.Blosc(), "blosc", buf, out)
+        _codec_decode(_blosc.decompress, "blosc", buf, out)
     else:  # gzip, bounded so that a bomb cannot inflate past the chunk's size
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         raw = d.decompress(buf.tobytes(), expected + 1)
@@ -132,9 +133,11 @@ def decode_chunk(data: Any, layout: ArrayLayout, out: np.ndarray) -> None:
         out.byteswap(inplace=True)
 
 
-def _codec_decode(codec: Any, name: str, buf: np.ndarray, out: np.ndarray) -> None:
+def _codec_decode(decompress: Any, name: str, buf: np.ndarray, out: np.ndarray) -> None:
+    """numcodecs' own decompressor (its codec classes' ``decode`` adds ~5 µs of buffer checks
+    a call, a third of decoding a small chunk; ``out`` is C-contiguous here)."""
     try:
-        codec.decode(buf, out=out)
+        decompress(buf, out.reshape(-1).view(np.uint8))
     except Exception as e:  # the codec's own errors (RuntimeError, ValueError) name no chunk
         raise ChunkError(f"{name} frame does not decode ({e})") from e
 

@@ -26,8 +26,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import struct
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from daskrl._nested import valid_name
 from daskrl.errors import ArrayNotFoundError, BatchDataMissingError, StoreFormatError
@@ -41,7 +44,7 @@ from daskrl.store._format._limits import (
 from daskrl.store._format._source import ByteSource
 from daskrl.store._format.allowlist import ArrayLayout, parse_array_document
 
-__all__ = ["BatchIndex", "read_index", "refuse"]
+__all__ = ["MEMO_PER_STRUCTURE", "BatchIndex", "memorize", "read_index", "refuse"]
 
 _DOT_CHUNK = re.compile(r"c(?:\.\d+)+")
 
@@ -62,6 +65,9 @@ class _Structure:
     docs: dict[str, zc.Member]
     chunks: dict[str, dict[str, zc.Member]]
     largest: dict[str, zc.Member]
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    """What batches of this structure share, found once: its documents' layouts (by their
+    bytes) and the reader's compiled read plans (:mod:`.read`); bounded (:func:`memorize`)."""
 
 
 @dataclasses.dataclass
@@ -86,6 +92,8 @@ class BatchIndex:
     """The container's last bytes, already read."""
     layouts: dict[str, ArrayLayout] = dataclasses.field(default_factory=dict)
     """Validated layouts of the arrays asked for (all of them unless ``names`` was given)."""
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    """What every batch of this directory structure shares (its structure's ``memo``)."""
 
     @property
     def arrays(self) -> list[str]:
@@ -145,25 +153,49 @@ def read_index(source: ByteSource, names: Sequence[str] | None = None, *,
     except zc.ZipFormatError as e:
         raise refuse(where, f"its zip container is not accepted: {e}") from None
     index = BatchIndex(where, size, structure.docs, structure.chunks, crcs, structure.largest,
-                       tail_offset, tail)
+                       tail_offset, tail, memo=structure.memo)
     validate_arrays(source, index, index.arrays if names is None else names, limits)
     return index
 
 
 def _structure(cd: bytes | memoryview, d: zc.Directory, where: str
                ) -> tuple[_Structure, dict[str, int]]:
-    masked = zc.mask_crcs(cd, d.count)
-    key = ("directory", d, bytes(masked[0])) if masked is not None else None
+    known = _CACHE.get(("crc positions", d))
+    if isinstance(known, np.ndarray):
+        # Where a directory of this extent had its CRC fields: if this one, so masked, is a
+        # known structure, their bytes agree everywhere else, so its entries lie there too.
+        view = np.frombuffer(cd, np.uint8)
+        if view.size == d.size and (known.size == 0 or int(known[-1]) < view.size):
+            masked = view.copy()
+            masked[known] = 0
+            hit = _CACHE.get(("directory", d, masked.tobytes()))
+            if isinstance(hit, _Structure):
+                return hit, dict(zip(hit.names, view[known].view("<u4").tolist()))
+    masked_crcs = zc.mask_crcs(cd, d.count)
+    key = ("directory", d, bytes(masked_crcs[0])) if masked_crcs is not None else None
     hit = _CACHE.get(key) if key is not None else None
-    if isinstance(hit, _Structure) and masked is not None:
-        return hit, dict(zip(hit.names, masked[1]))
+    if isinstance(hit, _Structure) and masked_crcs is not None:
+        return hit, dict(zip(hit.names, masked_crcs[1]))
     members, crcs = zc.parse_directory(cd, d)
     docs, chunks = _by_role(members, where)
     largest = {a: max(c.values(), key=lambda m: m.size) for a, c in chunks.items() if c}
     structure = _Structure(members, list(crcs), docs, chunks, largest)
     if key is not None:
         _remember(key, structure)
+        _remember(("crc positions", d), _crc_positions(cd, d.count))
     return structure, crcs
+
+
+def _crc_positions(cd: bytes | memoryview, count: int) -> np.ndarray:
+    """Byte positions of the CRC-32 fields of a (parsed, valid) directory's entries."""
+    view = memoryview(cd)
+    starts = []
+    pos = 0
+    for _ in range(count):
+        starts.append(pos + 16)
+        nlen, xlen, clen = struct.unpack_from("<HHH", view, pos + 28)
+        pos += zc.CENTRAL_HEADER.size + nlen + xlen + clen
+    return (np.asarray(starts, np.int64)[:, None] + np.arange(4)).reshape(-1)
 
 
 def _remember(key: tuple[Any, ...], value: Any) -> None:
@@ -237,7 +269,21 @@ def validate_arrays(source: ByteSource, index: BatchIndex, names: Sequence[str],
     if missing:
         raise ArrayNotFoundError(f"{where} has no array {missing[0]!r}; it has {index.arrays}.")
     new = [n for n in names if n not in index.layouts]
-    for name, raw in zip(new, _member_bytes(source, index, [index.docs[n] for n in new], limits)):
+    if not new:
+        return  # every layout, and the bounds with them, checked when it was added
+    members = [index.docs[n] for n in new]
+    crcs = tuple(index.crcs[m.name] for m in members)
+    region = _documents_region(index, members)
+    seen = (index.memo.get(("documents", tuple(new), limits, region))
+            if region is not None else None)
+    if isinstance(seen, tuple) and seen[0] == crcs and not index.layouts:
+        # The same documents (headers and data, byte for byte, and the directory's CRCs of
+        # them) as a batch of this structure whose checks all passed under these limits: the
+        # same layouts, bounds and chunk members (the structure and the file's size are the
+        # same too).
+        index.layouts.update(zip(new, seen[1]))
+        return
+    for name, raw in zip(new, _member_bytes(source, index, members, limits)):
         key = ("document", bytes(raw))
         lay = _CACHE.get(key)
         if not isinstance(lay, ArrayLayout):
@@ -259,6 +305,32 @@ def validate_arrays(source: ByteSource, index: BatchIndex, names: Sequence[str],
                             f"{ReadLimits.how_to_raise('max_missing_chunks')})")
     for name in new:
         _check_members(index, name, index.layouts[name])
+    if region is not None and len(index.layouts) == len(new):
+        memorize(index.memo, ("documents", tuple(new), limits, region),
+                 (crcs, tuple(index.layouts[n] for n in new)))
+
+
+def _documents_region(index: BatchIndex, members: Sequence[zc.Member]) -> bytes | None:
+    """The bytes from the first of ``members`` (local header included) to the end of the last,
+    when the tail already read holds them (daskrl puts the documents there)."""
+    if not members:
+        return None
+    lo = min(m.offset for m in members)
+    hi = max(m.end for m in members)
+    if lo < index.tail_offset or hi - lo > (64 << 10):
+        return None
+    return bytes(memoryview(index.tail)[lo - index.tail_offset:hi - index.tail_offset])
+
+
+MEMO_PER_STRUCTURE = 32
+"""Entries of a structure's ``memo`` at most (cleared when full)."""
+
+
+def memorize(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    """``memo[key] = value``, clearing ``memo`` first when it is full."""
+    if len(memo) >= MEMO_PER_STRUCTURE and key not in memo:
+        memo.clear()
+    memo[key] = value
 
 
 def _check_members(index: BatchIndex, name: str, lay: ArrayLayout) -> None:
