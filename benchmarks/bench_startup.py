@@ -164,8 +164,9 @@ def cli_child(argv: list[str]) -> int:
 
 def _first_commit(store: Path, proc: subprocess.Popen[bytes], deadline: float) -> float:
     while time.monotonic() < deadline:
-        commits = store / "commits"
-        if commits.is_dir() and any(commits.iterdir()):
+        commits = store / "commits"  # commits/<id>/zarr.json; commits/zarr.json is the group's
+        if commits.is_dir() and any(d.is_dir() and (d / "zarr.json").exists()
+                                    for d in commits.iterdir()):
             return time.monotonic()
         if proc.poll() is not None:
             raise RuntimeError(f"daskrl collect exited ({proc.returncode}) before any commit")

@@ -130,7 +130,9 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
     dashboard needs bokeh (:class:`~daskrl.MissingDependencyError` otherwise); its link is
     ``cluster.dashboard_link`` (``""`` without one), also logged at INFO by
     ``daskrl.deploy._cluster``. Dashboards are plain HTTP without authentication: anyone who
-    can reach the address can read them (see ``docs/security.md``). ``kwargs`` go to
+    can reach the address can read them (see ``docs/security.md``). The nannies are
+    :class:`~daskrl.deploy._nanny.EmbeddedNanny`: a started worker's queues hold no named
+    semaphore, so a killed learner leaves no ``/dev/shm/sem.mp-*`` files. ``kwargs`` go to
     ``LocalCluster``.
     """
     if (dashboard is not None and dashboard is not False) and dashboard_address is not None:
@@ -167,6 +169,10 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
         options["scheduler_kwargs"] = scheduler_kwargs
     config = {**WORKER_CONFIG,
               **_closed_http_config(no_dashboard, kwargs.get("worker_dashboard_address") is None)}
+    if processes and "worker_class" not in kwargs:  # no semaphore files left if killed
+        from daskrl.deploy._nanny import EmbeddedNanny
+
+        options["worker_class"] = EmbeddedNanny
     options.update(kwargs)
     with dask.config.set(config):
         cluster = LocalCluster(n_workers=n, processes=processes, **options)

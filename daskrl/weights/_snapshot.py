@@ -212,7 +212,7 @@ class PolicySpec:
         # What ``to_empty`` does, but from the meta tensors' sizes and strides (dense: they are
         # ``empty_like`` copies): ``empty_like`` of a meta tensor runs torch's Python reference
         # implementation, whose first call imports sympy (~1 s of every worker's start-up).
-        module = copy.deepcopy(self.structure)._apply(
+        module: torch.nn.Module = copy.deepcopy(self.structure)._apply(
             lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device))
         for alias, canonical in self.aliases:
             target = get_tensor(module, canonical)
