@@ -54,8 +54,16 @@ def test_started_workers_queues_hold_no_semaphore_names_and_still_work():
         pids = client.run(os.getpid)
         for pid in pids.values():
             assert _linked_semaphores(pid) == set()
-        client.restart()  # every nanny starts a new process, with new queues
-        assert set(client.run(os.getpid).values()).isdisjoint(pids.values())
+        victim = next(iter(pids))
+        os.kill(pids[victim], signal.SIGKILL)  # its nanny starts a new process: new queues
+        deadline = time.monotonic() + 180
+        while True:
+            now = set(client.scheduler_info()["workers"])
+            if len(now) == 2 and victim not in now:  # the new process: a new address
+                break
+            assert time.monotonic() < deadline, "the nanny did not restart its worker"
+            time.sleep(0.2)
+        assert len(client.run(os.getpid)) == 2 and pids[victim] not in client.run(os.getpid).values()
         assert _linked_semaphores(os.getpid()) - before == set()
         assert client.submit(sum, [1, 2]).result() == 3
         workers = [psutil.Process(p) for p in client.run(os.getpid).values()]
