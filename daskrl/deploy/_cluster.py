@@ -28,8 +28,9 @@ import os
 from typing import Any
 
 import dask
-from distributed import LocalCluster, Nanny
+from distributed import LocalCluster
 
+from daskrl.deploy._nanny import EmbeddedNanny, ParentNanny
 from daskrl.errors import ConfigError, MissingDependencyError
 
 __all__ = ["DASHBOARD_PORT", "WORKER_CONFIG", "ParentNanny", "dashboard_link", "dask_setup",
@@ -47,36 +48,6 @@ WORKER_CONFIG: dict[str, Any] = {
     "distributed.admin.tick.interval": "500ms",
 }
 """Dask settings of the embedded cluster's workers (deployment knobs, not algorithm ones)."""
-
-DAEMON_KEY = "distributed.worker.daemon"
-
-
-class ParentNanny(Nanny):
-    """A nanny whose worker process is not daemonic, so it may start processes of its own
-    (gymnasium's ``AsyncVectorEnv``).
-
-    Dask reads ``distributed.worker.daemon`` from the global dask config whenever a nanny
-    starts its worker, restarts included; this nanny sets it false while any of its kind is
-    starting one (they all run on the cluster's event loop) and puts the previous value back
-    after. The worker is still ended with its nanny.
-    """
-
-    _starting = 0
-    _saved: Any = True
-
-    async def instantiate(self) -> Any:
-        cls = ParentNanny
-        if cls._starting == 0:
-            cls._saved = dask.config.get(DAEMON_KEY, True)
-            dask.config.set({DAEMON_KEY: False})
-        cls._starting += 1
-        try:
-            return await super().instantiate()
-        finally:
-            cls._starting -= 1
-            if cls._starting == 0:
-                dask.config.set({DAEMON_KEY: cls._saved})
-
 
 _PRELOAD = __name__
 """This module is the preload (``dask_setup``) that closes a server's HTTP listener."""
@@ -165,9 +136,11 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
     address (e.g. ``"127.0.0.1:8787"``), or ``worker_dashboard_address`` for the workers'. The
     dashboard needs bokeh (:class:`~daskrl.MissingDependencyError` otherwise); its link is
     ``cluster.dashboard_link`` (``""`` without one), also logged at INFO by
-    ``daskrl.deploy._cluster``. Its worker processes may start processes of their own (an
-    ``AsyncVectorEnv``: :class:`ParentNanny`). Dashboards are plain HTTP without authentication: anyone who
-    can reach the address can read them (see ``docs/security.md``). ``kwargs`` go to
+    ``daskrl.deploy._cluster``. Dashboards are plain HTTP without authentication: anyone who
+    can reach the address can read them (see ``docs/security.md``). The nannies are
+    :class:`~daskrl.deploy._nanny.EmbeddedNanny`: their worker processes may start processes of
+    their own (an ``AsyncVectorEnv``: :class:`ParentNanny`), and a started worker's queues hold
+    no named semaphore, so a killed learner leaves no ``/dev/shm/sem.mp-*`` files. ``kwargs`` go to
     ``LocalCluster``.
     """
     if (dashboard is not None and dashboard is not False) and dashboard_address is not None:
@@ -204,8 +177,8 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
         options["scheduler_kwargs"] = scheduler_kwargs
     config = {**WORKER_CONFIG,
               **_closed_http_config(no_dashboard, kwargs.get("worker_dashboard_address") is None)}
-    if processes:
-        options["worker_class"] = ParentNanny
+    if processes and "worker_class" not in kwargs:
+        options["worker_class"] = EmbeddedNanny
     options.update(kwargs)
     with dask.config.set(config):
         cluster = LocalCluster(n_workers=n, processes=processes, **options)

@@ -8,7 +8,7 @@ and no torch tensor is in a :class:`WeightsSnapshot`, so it pickles the same fro
 ``cuda`` or ``mps`` learners to spawn-started workers on any OS.
 
 The module's *structure* travels separately and once, as a :class:`PolicySpec`: a copy whose
-tensors live on the ``meta`` device (no data), rebuilt on the worker with ``to_empty``.
+tensors live on the ``meta`` device (no data), rebuilt empty on the worker's device.
 """
 
 from __future__ import annotations
@@ -209,7 +209,11 @@ class PolicySpec:
         if self.factory is not None:
             return self.factory().to(device).eval()
         assert self.structure is not None
-        module = copy.deepcopy(self.structure).to_empty(device=device)
+        # What ``to_empty`` does, but from the meta tensors' sizes and strides (dense: they are
+        # ``empty_like`` copies): ``empty_like`` of a meta tensor runs torch's Python reference
+        # implementation, whose first call imports sympy (~1 s of every worker's start-up).
+        module: torch.nn.Module = copy.deepcopy(self.structure)._apply(
+            lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device))
         for alias, canonical in self.aliases:
             target = get_tensor(module, canonical)
             prefix, _, leaf = alias.rpartition(".")

@@ -1,0 +1,115 @@
+"""The embedded cluster's nannies: worker processes that may start processes of their own
+(:class:`ParentNanny`), and that leave no semaphore files behind (:class:`EmbeddedNanny`).
+
+Each time a nanny starts its worker process it makes two ``multiprocessing`` queues in the
+spawn context, three named POSIX semaphores each: the files ``/dev/shm/sem.mp-*``. Python
+unlinks them when the queues are collected or the process exits, or, failing that, the
+``multiprocessing`` resource tracker does when the last process that knows it ends. A learner
+killed together with its tracker (``SIGKILL`` to its process group: ``kill -9 -PGID``, a batch
+system or a container stopping the job, the OOM killer) leaves six files per worker start in
+``/dev/shm`` for good.
+
+A semaphore's name is only needed until every process that uses it has opened it: the worker
+process opens its queues' semaphores as it starts, so once it is up, :class:`EmbeddedNanny`
+unlinks the names (as the ``fork`` start method does at once). Both processes keep using the
+semaphores; a kill at any later time leaves no file. Only the short window while a worker
+starts remains.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dask
+from distributed import Nanny
+
+__all__ = ["EmbeddedNanny", "ParentNanny", "release_queue_names"]
+
+logger = logging.getLogger(__name__)
+
+DAEMON_KEY = "distributed.worker.daemon"
+
+
+class ParentNanny(Nanny):
+    """A nanny whose worker process is not daemonic, so it may start processes of its own
+    (gymnasium's ``AsyncVectorEnv``).
+
+    Dask reads ``distributed.worker.daemon`` from the global dask config whenever a nanny
+    starts its worker, restarts included; this nanny sets it false while any of its kind is
+    starting one (they all run on the cluster's event loop) and puts the previous value back
+    after. The worker is still ended with its nanny.
+    """
+
+    _starting = 0
+    _saved: Any = True
+
+    async def instantiate(self) -> Any:
+        cls = ParentNanny
+        if cls._starting == 0:
+            cls._saved = dask.config.get(DAEMON_KEY, True)
+            dask.config.set({DAEMON_KEY: False})
+        cls._starting += 1
+        try:
+            return await super().instantiate()
+        finally:
+            cls._starting -= 1
+            if cls._starting == 0:
+                dask.config.set({DAEMON_KEY: cls._saved})
+
+
+class EmbeddedNanny(ParentNanny):
+    """A :class:`ParentNanny` whose worker processes' queues hold no semaphore names once
+    started."""
+
+    async def instantiate(self) -> Any:
+        status = await super().instantiate()
+        process = getattr(self, "process", None)
+        if process is not None:
+            release_queue_names(getattr(process, "init_result_q", None),
+                                getattr(process, "child_stop_q", None))
+        return status
+
+
+def release_queue_names(*queues: Any) -> int:
+    """Unlink the named semaphores of ``multiprocessing`` queues this process created, whose
+    other users have opened them already; return how many names were unlinked.
+
+    Best effort: the queues and semaphores keep working; their finalizers and the resource
+    tracker's record are dropped with the names, so that nothing unlinks them twice.
+    """
+    import importlib
+    from multiprocessing import resource_tracker, util
+    from multiprocessing.synchronize import SemLock
+
+    try:
+        sem_unlink = importlib.import_module("_multiprocessing").sem_unlink
+    except (ImportError, AttributeError):  # a Python without named semaphores
+        return 0
+    cleanup = getattr(SemLock, "_cleanup", None)  # private, as below: 3.8 to 3.13 alike
+    registry = getattr(util, "_finalizer_registry", None)
+    if cleanup is None or registry is None:
+        return 0
+    names = set()
+    for queue in queues:
+        for attr in ("_rlock", "_wlock", "_sem"):  # multiprocessing.Queue's semaphores
+            lock = getattr(queue, attr, None)
+            name = getattr(getattr(lock, "_semlock", None), "name", None)
+            if isinstance(lock, SemLock) and name:
+                names.add(name)
+    if not names:
+        return 0
+    finalizers = [f for f in list(registry.values())
+                  if getattr(f, "_callback", None) is cleanup
+                  and getattr(f, "_args", (None,))[0] in names]
+    done = 0
+    for f in finalizers:
+        name = f._args[0]
+        f.cancel()
+        try:
+            sem_unlink(name)
+            done += 1
+        except OSError:  # gone already
+            logger.debug("semaphore %s was unlinked already", name)
+        resource_tracker.unregister(name, "semaphore")
+    return done
