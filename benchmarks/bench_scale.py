@@ -9,6 +9,8 @@ The cluster is started the way users start one on many machines (``tests/cli_clu
   ``client.run_on_scheduler``: every thread, nanosecond resolution) over the timed run, raw and
   less its idle rate (heartbeats, ticks: measured for ``--idle-seconds`` just before, with the
   same workers connected) times the run's wall time; also the scheduler's task transitions;
+* scheduler messages per batch, by operation (RPCs and batched-stream messages, counted by
+  wrapping the scheduler's handlers), the idle-time ones (heartbeats) included;
 * learner CPU: this process's ``time.process_time()`` over the timed run (every thread: the
   client's event loop, hand-over, the run's supervision);
 * worker CPU is not counted (the workers oversubscribe the cores: that is fine, the two costs
@@ -86,8 +88,51 @@ def start_cluster(tmp: Path, n: int) -> tuple[Processes, str]:
     return procs, scheduler_address(sched)
 
 
-def _scheduler_counters(dask_scheduler=None) -> tuple[float, int]:
-    return time.process_time(), dask_scheduler.transition_counter
+def _scheduler_counters(dask_scheduler=None) -> tuple[float, int, dict[str, int]]:
+    return (time.process_time(), dask_scheduler.transition_counter,
+            dict(getattr(dask_scheduler, "_bench_scale_ops", {})))
+
+
+def _identity_cpu(dask_scheduler=None, calls: int = 20) -> float:
+    """Scheduler CPU seconds of one ``identity(n_workers=-1)`` answer (what the collector's
+    health check asks for), averaged over ``calls``, message packing included."""
+    from distributed.protocol import dumps
+
+    t0 = time.process_time()
+    for _ in range(calls):
+        dumps(dask_scheduler.identity(n_workers=-1))
+    return (time.process_time() - t0) / calls
+
+
+def _count_scheduler_ops(dask_scheduler=None) -> None:
+    """Wrap the scheduler's RPC and stream handlers to count the messages, by operation."""
+    import functools
+    import inspect
+
+    if hasattr(dask_scheduler, "_bench_scale_ops"):
+        return
+    counts: dict[str, int] = {}
+    dask_scheduler._bench_scale_ops = counts
+
+    def wrap(kind: str, op: str, f):
+        key = f"{kind}:{op}"
+        if inspect.iscoroutinefunction(f):
+            @functools.wraps(f)
+            async def counted_async(*a, **k):
+                counts[key] = counts.get(key, 0) + 1
+                return await f(*a, **k)
+            return counted_async
+
+        @functools.wraps(f)
+        def counted(*a, **k):
+            counts[key] = counts.get(key, 0) + 1
+            return f(*a, **k)
+        return counted
+
+    for op, f in list(dask_scheduler.handlers.items()):
+        dask_scheduler.handlers[op] = wrap("rpc", op, f)
+    for op, f in list(dask_scheduler.stream_handlers.items()):
+        dask_scheduler.stream_handlers[op] = wrap("stream", op, f)
 
 
 class SchedulerMeter:
@@ -95,9 +140,10 @@ class SchedulerMeter:
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        client.run_on_scheduler(_count_scheduler_ops)
 
     def read(self) -> tuple[float, int]:
-        cpu_s, transitions = self.client.run_on_scheduler(_scheduler_counters)
+        cpu_s, transitions, self.ops = self.client.run_on_scheduler(_scheduler_counters)
         return cpu_s, transitions
 
     def idle_rate(self, seconds: float) -> float:
@@ -124,17 +170,22 @@ def collect_run(client: Client, sched: SchedulerMeter, store: str, n: int, batch
                    total_frames=batches * args.frames_per_batch, **kw) as collector:
         idle = sched.idle_rate(args.idle_seconds)
         (s0, x0), l0, t0 = sched.read(), time.process_time(), time.perf_counter()
+        ops0 = sched.ops
         handles = 0
         for _ in collector:
             handles += 1
         (s1, x1), l1, t1 = sched.read(), time.process_time(), time.perf_counter()
     wall = t1 - t0
+    ops = {k: (v - ops0.get(k, 0)) / handles for k, v in sched.ops.items()
+           if v - ops0.get(k, 0) > 0}
     return {"workers": n, "mode": "sync" if sync else "async", "batches": handles,
             "wall_s": wall, "batches_per_s": handles / wall,
             "scheduler_idle_cpu_per_s": idle,
             "scheduler_cpu_ms_per_batch": 1e3 * (s1 - s0) / handles,
             "scheduler_busy_cpu_ms_per_batch": 1e3 * (s1 - s0 - idle * wall) / handles,
             "transitions_per_batch": (x1 - x0) / handles,
+            "scheduler_messages_per_batch": sum(ops.values()),
+            "scheduler_ops_per_batch": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
             "learner_cpu_ms_per_batch": 1e3 * (l1 - l0) / handles}
 
 
@@ -191,6 +242,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync", "async"])
     parser.add_argument("--weights-mib", nargs="*", type=float, default=[1, 100])
     parser.add_argument("--versions", type=int, default=3)
+    parser.add_argument("--big-weights-max-workers", type=int, default=16,
+                        help="weights of 10 MiB or more only up to this many workers (memory)")
     parser.add_argument("--idle-seconds", type=float, default=2.0,
                         help="how long to measure the scheduler's idle CPU before each run")
     parser.add_argument("--json", metavar="PATH")
@@ -202,6 +255,7 @@ def main() -> None:
           flush=True)
     collect: list[dict] = []
     weights: list[dict] = []
+    identity: list[dict] = []
     for n in args.workers:
         with tempfile.TemporaryDirectory(prefix="daskrl-scale-") as tmp_s:
             tmp = Path(tmp_s)
@@ -210,6 +264,10 @@ def main() -> None:
                 with Client(address, set_as_default=False) as client:
                     client.wait_for_workers(n, timeout=300)
                     sched = SchedulerMeter(client)
+                    identity_ms = 1e3 * client.run_on_scheduler(_identity_cpu)
+                    print(f"  N={n:3d}: scheduler CPU of one identity(n_workers=-1): "
+                          f"{identity_ms:.3f} ms", flush=True)
+                    identity.append({"workers": n, "identity_cpu_ms": identity_ms})
                     batches = max(args.min_batches, args.batches_per_worker * n)
                     for mode in args.modes:
                         r = collect_run(client, sched, f"{tmp}/store-{mode}", n, batches, args,
@@ -221,6 +279,8 @@ def main() -> None:
                               f"{r['scheduler_busy_cpu_ms_per_batch']:.2f}), learner "
                               f"{r['learner_cpu_ms_per_batch']:.2f} ms/batch", flush=True)
                     for mib in args.weights_mib:
+                        if mib >= 10 and n > args.big_weights_max_workers:
+                            continue
                         for shared in (True, False):
                             w = weights_run(client, sched, f"{tmp}/weights-{mib}-{shared}", n,
                                             mib, args.versions, shared)
@@ -235,13 +295,17 @@ def main() -> None:
     print("\nper 4096-frame batch (CPU milliseconds):" if args.frames_per_batch == 4096 else
           f"\nper {args.frames_per_batch}-frame batch (CPU milliseconds):")
     print(f"{'workers':>7s} {'mode':>5s} {'batches':>7s} {'batch/s':>8s} {'sched ms':>9s} "
-          f"{'sched busy':>10s} {'sched idle/s':>12s} {'transitions':>11s} {'learner ms':>10s}")
+          f"{'sched busy':>10s} {'sched idle/s':>12s} {'transitions':>11s} {'messages':>8s} "
+          f"{'learner ms':>10s}")
     for r in collect:
         print(f"{r['workers']:7d} {r['mode']:>5s} {r['batches']:7d} {r['batches_per_s']:8.1f} "
               f"{r['scheduler_cpu_ms_per_batch']:9.2f} "
               f"{r['scheduler_busy_cpu_ms_per_batch']:10.2f} "
               f"{r['scheduler_idle_cpu_per_s'] * 1e3:9.1f} ms {r['transitions_per_batch']:11.1f} "
-              f"{r['learner_cpu_ms_per_batch']:10.2f}")
+              f"{r['scheduler_messages_per_batch']:8.1f} {r['learner_cpu_ms_per_batch']:10.2f}")
+    for r in collect:
+        ops = ", ".join(f"{k} {v:.2f}" for k, v in r["scheduler_ops_per_batch"].items())
+        print(f"  messages to the scheduler per batch, N={r['workers']} {r['mode']}: {ops}")
     fits = {}
     for mode in args.modes:
         rows = [r for r in collect if r["mode"] == mode]
@@ -253,6 +317,9 @@ def main() -> None:
         a, b = slope(xs, [r["scheduler_idle_cpu_per_s"] * 1e3 for r in rows])
         fits[f"{mode}_scheduler_idle"] = {"ms_per_s_per_worker": a, "ms_per_s_at_0": b}
         print(f"fit {mode:5s} scheduler idle: {b:.2f} ms/s + {a:.3f} ms/s x workers")
+    a, b = slope([r["workers"] for r in identity], [r["identity_cpu_ms"] for r in identity])
+    fits["identity_cpu"] = {"ms_per_worker": a, "ms_at_0": b}
+    print(f"fit identity(n_workers=-1) scheduler CPU: {b:.3f} ms + {a:.4f} ms x workers")
     if weights:
         print("\nper weights version (milliseconds; median of the versions):")
         print(f"{'workers':>7s} {'MiB':>5s} {'transport':>13s} {'publish':>8s} {'fan-out':>8s} "
@@ -272,7 +339,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"cpu_count": os.cpu_count(), "args": vars(args), "collect": collect,
-             "weights": weights, "fits": fits}, indent=2))
+             "weights": weights, "identity": identity, "fits": fits}, indent=2))
 
 
 if __name__ == "__main__":
