@@ -5,7 +5,9 @@ time and the scheduler's and the learner's CPU. Runs with different batch durati
 and 16384-frame batches) separate a cost per batch from a cost per second of collection (the
 collector's health checks while it waits, heartbeats): least squares of
 
-    cpu = per_batch * batches + per_second * wall + per_worker_second * N * wall
+    cpu = per_batch * batches + per_second * wall + per_heartbeat * H(N) * wall
+
+with H(N) the worker heartbeats per second Dask's scheduler asks for (:func:`heartbeats_per_s`)
 
 over every run given. Then the model: at ``--frames-per-worker-s`` frames/s per worker and
 ``--frames-per-batch`` frames per batch, the workers at which each reaches one core, and both
@@ -34,6 +36,12 @@ def heartbeats_per_s(n: int) -> float:
     return n / (n / 200 + 1)
 
 
+def cores(model: tuple[float, float, float], n: int) -> float:
+    """CPU cores at ``n`` workers of ``model`` = (per worker-second, per second, per heartbeat)."""
+    per_worker, per_s, per_hb = model
+    return per_worker * n + per_s + per_hb * heartbeats_per_s(n)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("json", nargs="+")
@@ -43,26 +51,26 @@ def main() -> None:
     p.add_argument("--target-workers", type=int, default=1000)
     args = p.parse_args()
     runs = [r for path in args.json for r in json.loads(Path(path).read_text())["collect"]]
-    X = np.array([[r["batches"], r["wall_s"], r["workers"] * r["wall_s"]] for r in runs])
+    X = np.array([[r["batches"], r["wall_s"], heartbeats_per_s(r["workers"]) * r["wall_s"]]
+                  for r in runs])
     f, F, n_t = args.frames_per_worker_s, args.frames_per_batch, args.target_workers
     for who, key in (("scheduler", "scheduler_cpu_ms_per_batch"),
                      ("learner", "learner_cpu_ms_per_batch")):
         y = np.array([r[key] * r["batches"] / 1e3 for r in runs])
         coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-        per_batch, per_s, per_worker_s = (float(c) for c in coef)
+        per_batch, per_s, per_hb = (float(c) for c in coef)
         resid = y - X @ coef
         print(f"{who}: {per_batch * 1e3:.2f} ms per batch + {per_s * 1e3:.2f} ms/s "
-              f"+ {per_worker_s * 1e3:.3f} ms/s per worker  (rms residual "
+              f"+ {per_hb * 1e3:.3f} ms per heartbeat  (rms residual "
               f"{np.sqrt(np.mean(resid ** 2)) * 1e3:.0f} ms over {len(runs)} runs)")
         rate = f / F  # batches/s per worker
-        # cores(N) = per_batch * N * rate + per_s + per_worker_s * N
-        per_n = per_batch * rate + per_worker_s
-        sat = (1 - per_s) / per_n if per_n > 0 else float("inf")
-        at = per_batch * n_t * rate + per_s + per_worker_s * n_t
+        model = (per_batch * rate, per_s, per_hb)
+        sat = next((n for n in range(1, 100_000) if cores(model, n) >= 1), float("inf"))
+        at = cores(model, n_t)
         print(f"  at {f:,.0f} frames/s per worker and {F:,.0f}-frame batches "
               f"({rate:.2f} batches/s per worker): one core at N = {sat:,.0f} workers; "
               f"{at:,.2f} cores at N = {n_t:,}")
-        budget = 0.25 - per_s - per_worker_s * n_t
+        budget = 0.25 - per_s - per_hb * heartbeats_per_s(n_t)
         if per_batch > 0 and budget > 0:
             batches_s = budget / per_batch
             print(f"  a quarter core at N = {n_t:,} allows {batches_s:,.1f} batches/s: "
