@@ -90,6 +90,11 @@ class _StoreSource:
 class TransitionDataset(Dataset):
     """Map-style dataset of the transitions (or windows) of a store's committed batches.
 
+    Items are ordered by batch id, then time, then env: item ``i`` of a batch ``[T, E]`` is
+    ``(t, e) = divmod(i, E)``.  ``dataset[i]`` reads one item; ``dataset[[i, j, ...]]``,
+    :meth:`get_batch` and ``__getitems__`` (which a ``DataLoader`` with ``batch_size=`` calls)
+    read a whole minibatch, each batch it needs once (see docs/reading.md).
+
     Parameters
     ----------
     store
@@ -111,11 +116,6 @@ class TransitionDataset(Dataset):
     cache_bytes
         Most bytes of decoded batches each process keeps (default 1 GiB; at least one batch
         is always kept).  The least recently used batches go first.
-
-    Items are ordered by batch id, then time, then env: item ``i`` of a batch ``[T, E]`` is
-    ``(t, e) = divmod(i, E)``.  ``dataset[i]`` reads one item; ``dataset[[i, j, ...]]``,
-    :meth:`get_batch` and ``__getitems__`` (which a ``DataLoader`` with ``batch_size=`` calls)
-    read a whole minibatch, each batch it needs once (see docs/reading.md).
     """
 
     def __init__(
