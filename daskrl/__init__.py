@@ -52,7 +52,7 @@ from daskrl.errors import (
     EnvSpacesMismatchError,
 )
 
-# Everything below but the errors is imported on first use (PEP 562 ``__getattr__``), so that
+# Everything but the errors is imported on first use (PEP 562 ``__getattr__``), so that
 # ``import daskrl`` (the CLI, a Dask worker's preload) does not import torch, gymnasium, zarr
 # and Dask until something needs them: ``from daskrl import Collector`` works as before.
 _LAZY = {

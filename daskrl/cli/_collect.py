@@ -169,11 +169,12 @@ def run_collect(args: argparse.Namespace) -> int:
         early = EarlyCluster(n_workers=config.num_workers, dashboard=args.dashboard,
                              processes=not str(args.store).startswith("memory://"))
     try:
+        policy = make_policy(args.policy, obs_space, act_space)  # imports torch
+
         from tqdm import tqdm
 
         from daskrl.collect._collector import Collector
 
-        policy = make_policy(args.policy, obs_space, act_space)
         loggers = []
         if args.tensorboard is not None:  # a missing extra fails before any batch
             from daskrl.loggers import TensorBoardLogger
