@@ -69,9 +69,41 @@ def _wrap(owner: Any, attr: str, label: str) -> None:
 
 def instrument() -> None:
     """Wrap the phases of a collector's start (learner side) in :data:`SPANS` timers."""
-    from distributed import Client, Security
+    instrument_cli()
+    instrument_learner()
+
+
+def instrument_cli() -> None:
+    """Wrap what ``daskrl collect`` runs before it imports torch (importing nothing heavier
+    than the command itself): the embedded cluster's start, the env check, the policy build;
+    the policy build also wraps the rest (:func:`instrument_learner`) once torch is in."""
+    from distributed import Security
 
     import daskrl.cli._collect as cli_collect
+    import daskrl.collect._env_list as env_list
+    import daskrl.deploy._cluster as cluster
+
+    _wrap(Security, "temporary", "TLS credentials")
+    _wrap(cluster, "local_cluster", "cluster start (scheduler, nannies, workers)")
+    _wrap(env_list, "resolve_envs", "env check (learner)")
+    make_policy = cli_collect.make_policy
+
+    def imports_and_policy(*a: Any, **k: Any) -> Any:
+        t0 = time.monotonic()
+        instrument_learner()  # imports torch and the collector's modules, as the command would
+        try:
+            return make_policy(*a, **k)
+        finally:
+            SPANS.append(("learner imports (torch, collector) + policy build", t0,
+                          time.monotonic()))
+
+    cli_collect.make_policy = imports_and_policy
+
+
+def instrument_learner() -> None:
+    """Wrap the collector's own start-up phases (imports torch)."""
+    from distributed import Client
+
     import daskrl.collect._collector as collector
     import daskrl.collect._env_list as env_list
     import daskrl.collect._startup as startup
@@ -79,10 +111,11 @@ def instrument() -> None:
     from daskrl.collect._supervisor import Workers
     from daskrl.store._store import TrajectoryStore
 
-    _wrap(Security, "temporary", "TLS credentials")
+    if getattr(instrument_learner, "done", False):
+        return
+    instrument_learner.done = True  # type: ignore[attr-defined]
     _wrap(collector, "local_cluster", "cluster start (scheduler, nannies, workers)")
     _wrap(env_list, "probe_envs", "env probe (learner)")
-    _wrap(cli_collect, "make_policy", "policy build (learner)")
     _wrap(collector, "check_on_learner", "learner checks (env, policy, store)")
     _wrap(collector, "plan_resume", "resume plan")
     _wrap(Client, "register_plugin", "worker plugin install")
@@ -94,19 +127,27 @@ def instrument() -> None:
     _wrap(Run, "next_handle", "first batch (rollout, write, handle)")
 
 
-def breakdown(t_start: float, t_end: float) -> list[tuple[str, float]]:
-    """Phases between ``t_start`` and ``t_end`` (first call of each), with what is left."""
-    out: list[tuple[str, float]] = []
-    covered = 0.0
+def breakdown(t_start: float, t_end: float) -> list[tuple[str, float, float]]:
+    """Phases between ``t_start`` and ``t_end`` (first call of each) as (label, start offset,
+    seconds), with what no phase covers; phases may overlap (the embedded cluster starts in a
+    thread while the learner imports torch)."""
+    out: list[tuple[str, float, float]] = []
     seen: set[str] = set()
+    intervals: list[tuple[float, float]] = []
     for label, t0, t1 in sorted(SPANS, key=lambda s: s[1]):
         if label in seen or t0 < t_start or t0 > t_end:
             continue
         seen.add(label)
-        out.append((label, t1 - t0))
+        out.append((label, t0 - t_start, t1 - t0))
         if label not in ("TLS credentials",):  # nested in the cluster's start
-            covered += t1 - t0
-    out.append(("other (glue, client connect, Python)", (t_end - t_start) - covered))
+            intervals.append((t0, min(t1, t_end)))
+    covered, reach = 0.0, t_start  # the union of the phases' intervals
+    for t0, t1 in sorted(intervals):
+        if t1 > reach:
+            covered += t1 - max(t0, reach)
+            reach = t1
+    out.append(("other (glue, client connect, Python)", float("nan"),
+                (t_end - t_start) - covered))
     return out
 
 
@@ -153,7 +194,7 @@ def cli_child(argv: list[str]) -> int:
     import daskrl.cli as cli
 
     t_imports = time.monotonic()
-    instrument()
+    instrument_cli()
     try:
         return int(cli.main(argv))
     finally:
@@ -211,7 +252,7 @@ def cli(repeats: int, frames: int) -> dict[str, Any]:
             SPANS[:] = [tuple(s) for s in record["spans"]]
             first = [s for s in SPANS if s[0].startswith("first batch")]
             t_handle = first[0][2] if first else t_commit
-            phases = [("Python start (interpreter, site)", record["main"] - t0)]
+            phases = [("Python start (interpreter, site)", 0.0, record["main"] - t0)]
             phases += breakdown(record["main"], t_handle)
             traced.append({"to_commit": t_commit - t0, "to_handle": t_handle - t0,
                            "phases": phases})
@@ -227,9 +268,11 @@ def _spread(xs: list[float]) -> str:
             f"n={len(xs)})")
 
 
-def _table(phases: list[list[Any]] | list[tuple[str, float]], total: float) -> None:
-    for label, sec in phases:
-        print(f"    {label:<46} {sec:6.2f} s  {sec / total:5.0%}")
+def _table(phases: list[list[Any]] | list[tuple[str, float, float]], total: float) -> None:
+    print(f"    {'phase':<50} {'starts at':>9} {'takes':>8}")
+    for label, at, sec in phases:
+        start = "" if at != at else f"+{at:.2f} s"  # NaN: not a phase of its own
+        print(f"    {label:<50} {start:>9} {sec:6.2f} s  {sec / total:5.0%}")
 
 
 def main() -> None:

@@ -11,25 +11,8 @@ errors.  Where the workers come from is :mod:`daskrl.deploy`.
 
 from __future__ import annotations
 
-# weights: the learner's policy as plain CPU numpy arrays
-from daskrl.weights import WeightsSnapshot, snapshot
-
-# collecting: the learner's facade and its options
-from daskrl.collect import Collector
-from daskrl.config import CollectorConfig, Compression
-from daskrl.worker._vector_envs import env_seed
-
-# the store: batches, their handles, housekeeping and read limits
-from daskrl.store import (
-    BatchHandle,
-    GarbageReport,
-    ReadLimits,
-    TrajectoryStore,
-    open_store,
-)
-
-# reading: what a learner trains from
-from daskrl.store import Episode, ReplayDataset, TransitionDataset
+import importlib
+from typing import TYPE_CHECKING, Any
 
 # errors: one class per condition a caller may handle differently
 from daskrl.errors import (
@@ -68,6 +51,66 @@ from daskrl.errors import (
     WrapperError,
     EnvSpacesMismatchError,
 )
+
+# Everything but the errors is imported on first use (PEP 562 ``__getattr__``), so that
+# ``import daskrl`` (the CLI, a Dask worker's preload) does not import torch, gymnasium, zarr
+# and Dask until something needs them: ``from daskrl import Collector`` works as before.
+_LAZY = {
+    # weights: the learner's policy as plain CPU numpy arrays
+    "WeightsSnapshot": "daskrl.weights",
+    "snapshot": "daskrl.weights",
+    # collecting: the learner's facade and its options
+    "Collector": "daskrl.collect",
+    "CollectorConfig": "daskrl.config",
+    "Compression": "daskrl.config",
+    "env_seed": "daskrl.worker._vector_envs",
+    # the store: batches, their handles, housekeeping and read limits
+    "BatchHandle": "daskrl.store",
+    "GarbageReport": "daskrl.store",
+    "ReadLimits": "daskrl.store",
+    "TrajectoryStore": "daskrl.store",
+    "open_store": "daskrl.store",
+    # reading: what a learner trains from
+    "Episode": "daskrl.store",
+    "ReplayDataset": "daskrl.store",
+    "TransitionDataset": "daskrl.store",
+}
+_SUBMODULES = frozenset({"cli", "collect", "config", "deploy", "errors", "integrations",
+                         "loggers", "policies", "store", "testing", "weights", "worker"})
+
+if TYPE_CHECKING:
+    from daskrl.collect import Collector
+    from daskrl.config import CollectorConfig, Compression
+    from daskrl.store import (
+        BatchHandle,
+        Episode,
+        GarbageReport,
+        ReadLimits,
+        ReplayDataset,
+        TrajectoryStore,
+        TransitionDataset,
+        open_store,
+    )
+    from daskrl.weights import WeightsSnapshot, snapshot
+    from daskrl.worker._vector_envs import env_seed
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module (or a subpackage) on first use."""
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+
+
 
 __version__ = "0.1.0"
 

@@ -11,6 +11,7 @@ import math
 import sys
 from typing import Any
 
+from daskrl.cli._early_cluster import EarlyCluster
 from daskrl.cli._options import add_config_options, config_options
 from daskrl.cli._store import json_object
 from daskrl.cli._target import add_cluster_args, deployment, print_dashboard_link
@@ -132,11 +133,15 @@ def make_policy(spec: str | None, obs_space: Any, act_space: Any) -> Any:
     return module
 
 
+def _embedded(args: argparse.Namespace) -> bool:
+    """Whether ``collect``'s cluster flags leave the embedded default (no scheduler, no SLURM,
+    no TLS files of a cluster of one's own)."""
+    return not (args.scheduler or args.scheduler_file or args.cluster == "slurm"
+                or args.tls_ca_file or args.tls_cert or args.tls_key)
+
+
 def run_collect(args: argparse.Namespace) -> int:
     """Run ``daskrl collect``; print the summary; the exit status."""
-    from tqdm import tqdm
-
-    from daskrl.collect._collector import Collector
     from daskrl.collect._env_list import resolve_envs
     from daskrl.config import CollectorConfig
 
@@ -157,15 +162,32 @@ def run_collect(args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from e
     config, obs_space, act_space = (resolved.config, resolved.observation_space,
                                     resolved.action_space)
-    policy = make_policy(args.policy, obs_space, act_space)
-    loggers = []
-    if args.tensorboard is not None:  # a missing extra fails before any cluster starts
-        from daskrl.loggers import TensorBoardLogger
+    early: EarlyCluster | None = None
+    if _embedded(args) and deployment(args, workers=config.num_workers) is None:
+        # Input checked (the policy's factory aside): the embedded cluster's workers start
+        # and import torch while this process imports it and builds the policy.
+        early = EarlyCluster(n_workers=config.num_workers, dashboard=args.dashboard,
+                             processes=not str(args.store).startswith("memory://"))
+    try:
+        policy = make_policy(args.policy, obs_space, act_space)  # imports torch
 
-        loggers.append(TensorBoardLogger(args.tensorboard))
-    if config.resume is False:
-        _note_earlier_runs(args.store)
-    d = deployment(args, workers=config.num_workers)
+        from tqdm import tqdm
+
+        from daskrl.collect._collector import Collector
+
+        loggers = []
+        if args.tensorboard is not None:  # a missing extra fails before any batch
+            from daskrl.loggers import TensorBoardLogger
+
+            loggers.append(TensorBoardLogger(args.tensorboard))
+        if config.resume is False:
+            _note_earlier_runs(args.store)
+        d = early.deployment() if early is not None else deployment(
+            args, workers=config.num_workers)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
     try:
         with Collector(env, policy, args.store,
                        client=d.client if d is not None else None, config=config,

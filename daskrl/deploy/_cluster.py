@@ -52,6 +52,9 @@ WORKER_CONFIG: dict[str, Any] = {
 _PRELOAD = __name__
 """This module is the preload (``dask_setup``) that closes a server's HTTP listener."""
 
+_WORKER_PRELOAD = "daskrl.deploy._worker_preload"
+"""The workers' preload that imports what they run while they start."""
+
 
 def dask_setup(server: Any) -> None:
     """Dask preload hook: close ``server``'s HTTP listener (scheduler or worker).
@@ -177,6 +180,11 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
         options["scheduler_kwargs"] = scheduler_kwargs
     config = {**WORKER_CONFIG,
               **_closed_http_config(no_dashboard, kwargs.get("worker_dashboard_address") is None)}
+    if processes:  # worker processes import torch and daskrl's worker side as they start
+        preload = config.get("distributed.worker.preload",
+                             dask.config.get("distributed.worker.preload") or [])
+        preload = [preload] if isinstance(preload, str) else list(preload)
+        config["distributed.worker.preload"] = [*preload, _WORKER_PRELOAD]
     if processes and "worker_class" not in kwargs:
         options["worker_class"] = EmbeddedNanny
     options.update(kwargs)

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from daskrl.errors import ConfigError
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["DEVICE_ENV_VAR", "DeviceSetting", "check_device_setting", "resolve_device"]
 
-DeviceSetting = str | torch.device | Mapping[str, str]
+if TYPE_CHECKING:
+    DeviceSetting = str | torch.device | Mapping[str, str]
+else:  # torch is imported where a device is checked, not with this module (the CLI's start)
+    DeviceSetting = Any
 DEVICE_ENV_VAR = "DASKRL_DEVICE"
 
 
@@ -31,6 +36,8 @@ def check_device_setting(device: DeviceSetting) -> DeviceSetting:
     text = str(device)
     if text == "auto":
         return text
+    import torch
+
     try:
         torch.device(text)
     except (RuntimeError, TypeError) as e:
@@ -42,6 +49,8 @@ def check_device_setting(device: DeviceSetting) -> DeviceSetting:
 
 
 def _auto() -> torch.device:
+    import torch
+
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     mps = getattr(torch.backends, "mps", None)
@@ -52,6 +61,8 @@ def _auto() -> torch.device:
 
 def resolve_device(setting: DeviceSetting, worker_name: str, worker_address: str) -> torch.device:
     """The device this worker uses, checked to exist here."""
+    import torch
+
     if isinstance(setting, Mapping):
         text = setting.get(worker_name, setting.get(worker_address, "auto"))
     else:
