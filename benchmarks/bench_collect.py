@@ -57,6 +57,20 @@ HIDDEN = (64, 64)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
+
+def _ceiling_buffers(steps: int, obs: np.ndarray, act_space, discrete: bool) -> dict:
+    """The ceiling loops' preallocated ``[T, E, ...]`` arrays (what a worker's batch holds)."""
+    E = obs.shape[0]
+    return {
+        "observation": np.empty((steps, *obs.shape), obs.dtype),
+        "next_observation": np.empty((steps, *obs.shape), obs.dtype),
+        "action": np.empty((steps, E, *act_space.shape), np.int64 if discrete else np.float32),
+        "log_prob": np.empty((steps, E), np.float32),
+        "reward": np.empty((steps, E), np.float32),
+        "terminated": np.empty((steps, E), np.bool_),
+        "truncated": np.empty((steps, E), np.bool_),
+    }
+
 def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results) -> None:
     """One process of the ceiling: build, wait on the barrier, then time ``steps`` steps."""
     torch.set_num_threads(1)
@@ -67,15 +81,7 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results) -> None:
     policy = MLPPolicy(obs_space, act_space, hidden=HIDDEN)
     discrete = isinstance(act_space, gym.spaces.Discrete)
     obs = np.stack([env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)])
-    buf = {
-        "observation": np.empty((steps, *obs.shape), obs.dtype),
-        "next_observation": np.empty((steps, *obs.shape), obs.dtype),
-        "action": np.empty((steps, E, *act_space.shape), np.int64 if discrete else np.float32),
-        "log_prob": np.empty((steps, E), np.float32),
-        "reward": np.empty((steps, E), np.float32),
-        "terminated": np.empty((steps, E), np.bool_),
-        "truncated": np.empty((steps, E), np.bool_),
-    }
+    buf = _ceiling_buffers(steps, obs, act_space, discrete)
     barrier.wait()
     t0 = time.perf_counter()
     for t in range(steps):
@@ -120,21 +126,12 @@ def vector_ceiling_loop(spec: str, steps: int, seed: int, barrier, results) -> N
     """One process of the vector-env ceiling: the vector env stepped in a plain loop."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    E = ENVS_PER_WORKER
     venv = make_vector_env(spec, seed)
     obs_space, act_space = venv.single_observation_space, venv.single_action_space
     policy = MLPPolicy(obs_space, act_space, hidden=HIDDEN)
     discrete = isinstance(act_space, gym.spaces.Discrete)
     obs, _ = venv.reset(seed=None if spec.startswith("envpool:") else seed)
-    buf = {
-        "observation": np.empty((steps, *obs.shape), obs.dtype),
-        "next_observation": np.empty((steps, *obs.shape), obs.dtype),
-        "action": np.empty((steps, E, *act_space.shape), np.int64 if discrete else np.float32),
-        "log_prob": np.empty((steps, E), np.float32),
-        "reward": np.empty((steps, E), np.float32),
-        "terminated": np.empty((steps, E), np.bool_),
-        "truncated": np.empty((steps, E), np.bool_),
-    }
+    buf = _ceiling_buffers(steps, obs, act_space, discrete)
     barrier.wait()
     t0 = time.perf_counter()
     for t in range(steps):

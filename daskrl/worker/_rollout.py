@@ -29,7 +29,7 @@ from daskrl.worker._policy_output import (
 )
 from daskrl.worker._spaces import Leaf, SpaceLayout
 
-__all__ = ["EPISODE_ID_STRIDE", "EnvSet"]
+__all__ = ["EPISODE_ID_STRIDE", "EnvSet", "non_finite_error"]
 
 EPISODE_ID_STRIDE = 1 << 24
 """``episode_id = batch_id * EPISODE_ID_STRIDE + step * E + env``: of the batch it started in."""
@@ -245,7 +245,9 @@ class EnvSet:
                 "max_frames_per_traj to truncate long episodes."
             )
         elapsed = time.perf_counter() - t0
-        self._check_finite(out, batch_id)
+        if (err := non_finite_error(out, self.obs_layout, self.spec.name, batch_id)) is not None:
+            self._needs_reset = True
+            raise err
         out.update(recorder.arrays())
         self.last_batch_id = batch_id
         out.update(extras)
@@ -327,19 +329,23 @@ class EnvSet:
                     for leaf, a in zip(self.act_layout.leaves, actions)]
         return [self.act_layout.join([p[i] for p in per_leaf]) for i in range(self.n_envs)]
 
-    def _check_finite(self, out: dict[str, np.ndarray], batch_id: int) -> None:
-        checks = [(leaf.name("next_observation"), leaf.label("observation"))
-                  for leaf in self.obs_layout.leaves] + [("reward", "reward")]
-        for key, label in checks:
-            arr = out[key]
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                bad = np.argwhere(~np.isfinite(arr.reshape(arr.shape[0], arr.shape[1], -1)))[0]
-                self._needs_reset = True
-                raise EnvError(
-                    f"env {self.spec.name} (env index {bad[1]}) returned a non-finite "
-                    f"{label} at step {bad[0]} of batch {batch_id}. Fix the "
-                    "env or wrap it to sanitize its output; the batch was discarded."
-                )
+
+def non_finite_error(out: dict[str, np.ndarray], obs_layout: SpaceLayout, env_name: str,
+                     batch_id: int) -> EnvError | None:
+    """The error for the first non-finite float observation or reward of a rollout's
+    ``[T, E, ...]`` arrays (``None`` when all are finite): it names the env index and step."""
+    checks = [(leaf.name("next_observation"), leaf.label("observation"))
+              for leaf in obs_layout.leaves] + [("reward", "reward")]
+    for key, label in checks:
+        arr = out[key]
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            bad = np.argwhere(~np.isfinite(arr.reshape(arr.shape[0], arr.shape[1], -1)))[0]
+            return EnvError(
+                f"env {env_name} (env index {bad[1]}) returned a non-finite "
+                f"{label} at step {bad[0]} of batch {batch_id}. Fix the "
+                "env or wrap it to sanitize its output; the batch was discarded."
+            )
+    return None
 
 
 def _leaf_actions(space: gym.Space, action: np.ndarray) -> list[Any]:

@@ -41,7 +41,7 @@ from daskrl.worker._policy_output import (
     split_policy_output,
     to_numpy,
 )
-from daskrl.worker._rollout import EPISODE_ID_STRIDE, EnvSet, _env_error
+from daskrl.worker._rollout import EPISODE_ID_STRIDE, EnvSet, _env_error, non_finite_error
 from daskrl.worker._spaces import SpaceLayout
 from daskrl.worker._vector_envs import (
     AutoresetMode,
@@ -355,7 +355,9 @@ class VectorEnvSet(StaggeredSteps):
                 "its sub-envs a time limit."
             )
         elapsed = time.perf_counter() - t0
-        self._check_finite(out, batch_id)
+        if (err := non_finite_error(out, self.obs_layout, self.spec.name, batch_id)) is not None:
+            self._needs_reset = True
+            raise err
         out.update(recorder.arrays())
         self.last_batch_id = batch_id
         return out, {"episode_returns": tuple(returns), "episode_lengths": tuple(lengths),
@@ -439,20 +441,6 @@ class VectorEnvSet(StaggeredSteps):
             if deadline is not None and time.monotonic() > deadline:
                 raise self._timeout(batch_id, t)
         return dict(out.arrays), returns, lengths
-
-    def _check_finite(self, out: dict[str, np.ndarray], batch_id: int) -> None:
-        checks = [(leaf.name("next_observation"), leaf.label("observation"))
-                  for leaf in self.obs_layout.leaves] + [("reward", "reward")]
-        for key, label in checks:
-            arr = out[key]
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                bad = np.argwhere(~np.isfinite(arr.reshape(arr.shape[0], arr.shape[1], -1)))[0]
-                self._needs_reset = True
-                raise EnvError(
-                    f"env {self.spec.name} (env index {bad[1]}) returned a non-finite "
-                    f"{label} at step {bad[0]} of batch {batch_id}. Fix the "
-                    "env or wrap it to sanitize its output; the batch was discarded."
-                )
 
 
 def _row(values: Any, i: int) -> Any:

@@ -307,3 +307,18 @@ def test_random_steps_sample_each_columns_own_action_space():
     assert np.array_equal(runs[0], runs[1])  # seeded
     assert runs[0][:15].any() and not runs[0][25:].any()  # random first, then the policy's
     assert not np.array_equal(runs[0][:15, 0], runs[0][:15, 1])  # a seed per column
+
+
+def test_non_finite_reward_of_a_sub_env_names_its_index_and_the_next_batch_resets():
+    class NaNRewardEnv(CountingEnv):
+        def step(self, action):
+            obs, r, term, trunc, info = super().step(action)
+            return obs, (float("nan") if self.t == 3 else r), term, trunc, info
+
+    spec = EnvSpec(lambda: SyncVectorEnv([functools.partial(CountingEnv, 10),
+                                          functools.partial(NaNRewardEnv, 10)]), num_envs=2)
+    envset = VectorEnvSet(spec, 2, seed=0, stream=0)
+    with pytest.raises(EnvError, match=r"env index 1\) returned a non-finite reward at step 2"):
+        envset.collect(TagPolicy(), CPU, steps=5, batch_id=0)
+    arrays, _ = envset.collect(TagPolicy(), CPU, steps=2, batch_id=1)  # reset after the error
+    assert np.isfinite(arrays["reward"]).all() and arrays["reward"].shape == (2, 2)
