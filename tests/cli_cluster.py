@@ -70,6 +70,20 @@ class Processes:
                          for p in sorted(self.logdir.glob("*.log")))
 
 
+def process_group_alive(pgid: int) -> list:
+    """The live (not zombie) processes of process group ``pgid``."""
+    import psutil
+
+    alive = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
 def wait_for_file(path: Path, procs: Processes, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not (path.exists() and path.stat().st_size > 0):

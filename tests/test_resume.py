@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
+from cli_cluster import process_group_alive
 from distributed import Client
 
 import daskrl
@@ -198,17 +198,6 @@ def _collect_cmd(store: Path, *extra: str) -> list[str]:
             "--envs-per-worker", str(E), "--workers", "2", "--no-tls", "--no-progress", *extra]
 
 
-def _group_alive(pgid: int) -> list[psutil.Process]:
-    alive = []
-    for p in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                alive.append(p)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return alive
-
-
 def test_cli_collect_killed_part_way_is_resumed_with_resume(tmp_path):
     store = tmp_path / "store"
     log = (tmp_path / "first.log").open("w")
@@ -224,14 +213,14 @@ def test_cli_collect_killed_part_way_is_resumed_with_resume(tmp_path):
         os.kill(child.pid, signal.SIGKILL)  # the learner dies; its cluster's workers follow
         child.wait(timeout=60)
         deadline = time.monotonic() + 60
-        while _group_alive(child.pid) and time.monotonic() < deadline:
+        while process_group_alive(child.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _group_alive(child.pid), "the killed learner's workers outlived it"
+        assert not process_group_alive(child.pid), "the killed learner's workers outlived it"
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(timeout=60)
-        for p in _group_alive(child.pid):  # never leave a process behind, pass or fail
+        for p in process_group_alive(child.pid):  # never leave a process behind, pass or fail
             p.kill()
         log.close()
     before = open_store(str(store)).frames

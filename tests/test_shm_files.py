@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from cli_cluster import process_group_alive
 from distributed import Client
 
 from daskrl.deploy import local_cluster
@@ -77,17 +78,6 @@ def _cli_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
-def _group(pgid: int) -> list[psutil.Process]:
-    alive = []
-    for p in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                alive.append(p)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return alive
-
-
 def test_learner_killed_with_its_process_group_leaves_no_semaphore_files(tmp_path):
     store = tmp_path / "store"
     log = (tmp_path / "collect.log").open("w")
@@ -111,7 +101,7 @@ def test_learner_killed_with_its_process_group_leaves_no_semaphore_files(tmp_pat
         os.killpg(child.pid, signal.SIGKILL)  # learner, resource tracker, workers
         child.wait(timeout=60)
         deadline = time.monotonic() + 60
-        while _group(child.pid) and time.monotonic() < deadline:
+        while process_group_alive(child.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         left = sorted(f for f in named if os.path.exists(f))
         assert named == set(), f"named semaphores a kill would leave: {sorted(named)}"
@@ -120,7 +110,7 @@ def test_learner_killed_with_its_process_group_leaves_no_semaphore_files(tmp_pat
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(timeout=60)
-        for p in _group(child.pid):
+        for p in process_group_alive(child.pid):
             p.kill()
         for f in named:  # never leave them, pass or fail
             Path(f).unlink(missing_ok=True)

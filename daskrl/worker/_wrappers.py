@@ -170,16 +170,8 @@ def split_for_vector(wrappers: tuple[WrapperSpec, ...], env_name: str, kind: str
 def apply_vector_wrappers(env: gym.vector.VectorEnv, wrappers: tuple[WrapperSpec, ...],
                           env_name: str) -> gym.vector.VectorEnv:
     """Apply vector wrappers in order; close ``env`` if one fails."""
-    for w in wrappers:
-        try:
-            env = w.apply_vector(env, env_name)
-        except BaseException:
-            try:
-                env.close()
-            except Exception:  # closing is best effort; the wrapper's error is what matters
-                pass
-            raise
-    return env
+    return _in_order(env, [functools.partial(w.apply_vector, env_name=env_name)
+                           for w in wrappers])
 
 
 def _literal_kwargs(text: str, spec: str) -> dict[str, Any]:
@@ -239,9 +231,14 @@ def parse_wrappers(specs: Any) -> tuple[WrapperSpec, ...]:
 
 def apply_wrappers(env: gym.Env, wrappers: tuple[WrapperSpec, ...], env_name: str) -> gym.Env:
     """Apply ``wrappers`` in order (the first is innermost); close ``env`` if one fails."""
-    for w in wrappers:
+    return _in_order(env, [functools.partial(w.apply, env_name=env_name) for w in wrappers])
+
+
+def _in_order(env: Any, steps: list[Any]) -> Any:
+    """``env`` wrapped by each step in turn; the env so far is closed if a step fails."""
+    for step in steps:
         try:
-            env = w.apply(env, env_name)
+            env = step(env)
         except BaseException:
             try:
                 env.close()
