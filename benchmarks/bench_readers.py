@@ -39,27 +39,13 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from bench_store import vector_batch  # the same vector batches as the store benchmark
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, default_collate
 
 import daskrl
 from daskrl.store import TrajectoryStore
 
 KEYS = ["observation", "action", "reward", "next_observation", "terminated"]
-
-
-def vector_batch(rng: np.random.Generator, T: int = 256, E: int = 16) -> dict[str, np.ndarray]:
-    walk = np.cumsum(rng.standard_normal((T + 1, E, 17)).astype(np.float32) * 0.05, axis=0)
-    return {
-        "observation": walk[:-1].copy(),
-        "next_observation": walk[1:].copy(),
-        "action": np.tanh(rng.standard_normal((T, E, 6))).astype(np.float32),
-        "reward": rng.standard_normal((T, E)).astype(np.float32),
-        "terminated": rng.random((T, E)) < 0.001,
-        "truncated": np.zeros((T, E), bool),
-        "episode_id": np.repeat(np.arange(E, dtype=np.int64)[None], T, 0),
-        "step": np.repeat(np.arange(T, dtype=np.int64)[:, None], E, 1),
-        "log_prob": rng.standard_normal((T, E)).astype(np.float32),
-    }
 
 
 def _write(path: str, n: int) -> dict[str, np.ndarray]:
