@@ -35,8 +35,10 @@ def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
     return {
         "observation": rng.standard_normal((T, E, 5)).astype(np.float32),  # incompressible
         "pixels": frames,  # compressible (flat frames with a sprite)
-        "episode_id": np.repeat(np.arange(E, dtype=np.int64)[None], T, 0),
+        "episode_id": np.repeat(np.arange(E, dtype=np.int64)[None], T, 0),  # 32 KiB
         "terminated": rng.random((T, E)) < 0.01,
+        "counter": np.broadcast_to(np.arange(T, dtype=np.int64)[:, None, None],  # 128 KiB
+                                   (T, E, 4)).copy(),
     }
 
 
@@ -87,9 +89,10 @@ def test_an_incompressible_array_is_stored_raw_and_compressible_ones_compressed(
     assert got["observation"] == "raw"
     assert got["pixels"] == ("zstd" if compression == "zstd" else "blosc-lz4")
     # zstd on elements wider than a byte: blosc's zstd after a byte shuffle
-    assert got["episode_id"] == ("blosc-zstd" if compression == "zstd" else "blosc-lz4")
-    # 4 KiB of flags save under MIN_SAVED_BYTES (4 KiB): a codec call costs more than that
-    assert got["terminated"] == "raw"
+    assert got["counter"] == ("blosc-zstd" if compression == "zstd" else "blosc-lz4")
+    # 32 KiB of ids and 4 KiB of flags save under MIN_SAVED_BYTES (64 KiB): reading a
+    # compressed chunk costs more than reading them raw
+    assert got["episode_id"] == got["terminated"] == "raw"
     assert all(c[-1] == "crc32c" and c[0] == "bytes" for c in _codecs(root, path).values())
     # zarr alone reads both kinds, and daskrl reads what zarr reads
     by_zarr = _zarr_read(root, path)

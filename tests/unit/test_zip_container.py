@@ -284,8 +284,8 @@ def test_a_grid_of_mostly_absent_chunks_is_refused(tmp_path):
 
 def test_read_limits_are_options_of_the_store(tmp_path):
     """Tighter limits refuse a batch the defaults read, naming the option to raise."""
-    url, zpath, _ = _write(tmp_path, {"reward": np.zeros((1000, 8), np.float32)}, "zstd")
-    assert zpath.stat().st_size * 2 < 32000  # the batch decodes to more than twice its file
+    url, zpath, _ = _write(tmp_path, {"reward": np.zeros((4000, 8), np.float32)}, "zstd")
+    assert zpath.stat().st_size * 2 < 128000  # the batch decodes to more than twice its file
     tight = ReadLimits(free_bytes=1, max_expansion=2)
     with pytest.raises(StoreFormatError, match=re.escape("read_limits=ReadLimits(max_expansion=")):
         daskrl.open_store(url, read_limits=tight).load(0)
@@ -293,7 +293,7 @@ def test_read_limits_are_options_of_the_store(tmp_path):
         daskrl.open_store(url, read_limits=ReadLimits(max_document_bytes=10)).load(0)
     with pytest.raises(StoreFormatError, match=re.escape("ReadLimits.max_directory_bytes")):
         daskrl.open_store(url, read_limits=ReadLimits(max_directory_bytes=100)).load(0)
-    assert daskrl.open_store(url).load(0)["reward"].shape == (1000, 8)
+    assert daskrl.open_store(url).load(0)["reward"].shape == (4000, 8)
     with pytest.raises(daskrl.ConfigError, match=re.escape("ReadLimits.max_expansion must be a positive")):
         ReadLimits(max_expansion=0)
 
