@@ -182,6 +182,14 @@ class CollectorConfig:
         "flag": "by hand"})
     """With :attr:`vectorization_mode`: ``gymnasium.make_vec``'s ``vector_kwargs``, e.g.
     ``{"autoreset_mode": "SameStep"}`` or ``{"context": "spawn"}``."""
+    batches_per_task: int = dataclasses.field(default=1, metadata={
+        "help": "consecutive batches of one stream collected by one Dask task and handed over "
+                "together (fewer scheduler round trips per batch)"})
+    """Consecutive batches of one stream that one Dask task collects (each its own batch,
+    committed separately, all on one weights version) and returns together; the learner still
+    gets them one by one. ``k > 1`` divides the scheduler's and the learner's per-task costs by
+    ``k`` (``docs/scaling.md``) at the price of ``k`` batches' latency per task. Sync mode: a
+    round is ``k`` batches per stream. Not with :meth:`~daskrl.Collector.submit`."""
 
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
@@ -194,6 +202,7 @@ class CollectorConfig:
         _positive_int("init_random_frames", self.init_random_frames, minimum=0)
         _positive_int("num_workers", self.num_workers, allow_none=True)
         _positive_int("batches_in_flight", self.batches_in_flight)
+        _positive_int("batches_per_task", self.batches_per_task)
         _positive_int("max_env_restarts", self.max_env_restarts, minimum=0)
         check_seconds("batch_timeout", self.batch_timeout, allow_none=True)
         if self.on_env_error not in ("raise", "restart"):
@@ -340,3 +349,4 @@ class CollectorOptions(TypedDict, total=False):
     info_keys: Sequence[str]
     vectorization_mode: str | None
     vector_kwargs: Mapping[str, Any] | None
+    batches_per_task: int

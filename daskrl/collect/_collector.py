@@ -35,7 +35,7 @@ from daskrl.collect._run import Run
 from daskrl.collect._startup import start_on_cluster
 from daskrl.config import CollectorConfig, CollectorOptions
 from daskrl.deploy._cluster import dashboard_link, local_cluster
-from daskrl.errors import CollectorClosedError, UsageError
+from daskrl.errors import CollectorClosedError, ConfigError, UsageError
 from daskrl.loggers._protocol import LoggerLike
 from daskrl.store._handles import BatchHandle
 from daskrl.store._store import TrajectoryStore
@@ -264,7 +264,7 @@ class Collector:
     @property
     def in_flight(self) -> int:
         """Batches submitted and not yet handed over (queued, running, or done and waiting)."""
-        return len(self._run.supervisor.pending) if self._run else 0
+        return self._run.in_flight if self._run else 0
 
     def submit(self) -> Future:
         """Submit the next batch now; return a ``distributed.Future`` of its handle.
@@ -278,6 +278,11 @@ class Collector:
         collected again. The caller owns the future: it is not re-dispatched.
         """
         run = self._running()
+        if self.config.batches_per_task > 1:
+            raise ConfigError(
+                f"submit() hands over one batch per future, but batches_per_task="
+                f"{self.config.batches_per_task} collects several per task: iterate the "
+                "collector (for handle in collector) or use batches_per_task=1 with submit().")
         plan = run.planner.next()
         if plan is None:
             raise CollectorClosedError(
@@ -309,7 +314,7 @@ class Collector:
         if self._metrics:
             self._metrics.handed_over(handle, run.handover.stats,
                                       weights_version=self._weights.version,
-                                      in_flight=len(run.supervisor.pending), store=self._store)
+                                      in_flight=run.in_flight, store=self._store)
         return handle
 
     def __iter__(self) -> Iterator[BatchHandle]:

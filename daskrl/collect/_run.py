@@ -9,6 +9,7 @@ the cluster is a coroutine on the client's event loop.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable
 
 from distributed import Client, Future, as_completed
@@ -24,7 +25,7 @@ from daskrl.store._handles import BatchHandle
 from daskrl.store._store import TrajectoryStore
 from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import WeightsSnapshot
-from daskrl.worker._tasks import BatchTask
+from daskrl.worker._tasks import BatchGroup, BatchTask
 
 __all__ = ["Run"]
 
@@ -50,13 +51,21 @@ class Run:
             client, plugin_name, key_prefix, workers, weights,
             [live[s % len(live)] for s in range(num_streams)], config.lost_workers_timeout)
         self._order: list[int] = []  # sync rounds: batch ids of the round left to hand over
-        self._done: dict[int, tuple[Future, BatchHandle]] = {}
+        self._done: dict[int, BatchHandle] = {}  # sync rounds: fetched, not yet handed over
+        self._ready: collections.deque[BatchHandle] = collections.deque()  # likewise, async
         self._ac: as_completed | None = None
-        self._refill: list[int] | None = None  # sync=False: streams to submit a batch for
+        self._refill: list[int] | None = None  # sync=False: streams to submit a task for
 
     @property
     def num_streams(self) -> int:
         return self.planner.num_streams
+
+    @property
+    def in_flight(self) -> int:
+        """Batches submitted and not yet handed over (queued, running, or fetched)."""
+        return (sum(len(t.tasks) if isinstance(t, BatchGroup) else 1
+                    for t in self.supervisor.pending.values())
+                + len(self._done) + len(self._ready))
 
     def in_use(self) -> Iterable[int]:
         """Weights versions batches in flight still need."""
@@ -80,66 +89,90 @@ class Run:
     async def publish(self, snap: WeightsSnapshot, wait: bool) -> int:
         return await self.weights.publish(snap, self.workers, self.in_use(), wait)
 
-    def submit_now(self, plan: PlannedBatch, supervised: bool) -> Future:
-        """Submit ``plan`` with the newest weights."""
+    def submit_now(self, plans: PlannedBatch | list[PlannedBatch], supervised: bool) -> Future:
+        """Submit ``plans`` (one batch, or a list: one task of consecutive batches of one
+        stream, whose future holds their handles) with the newest weights."""
         version = self.weights.version
-        task = BatchTask(batch_id=plan.batch_id, stream=plan.stream,
-                         previous_batch_id=plan.previous_batch_id, steps=plan.steps,
-                         random_steps=plan.random_steps, weights_version=version,
-                         weights=self.weights.ref(version), env=plan.env)
-        return self.supervisor.dispatch(task, supervised=supervised)
+        ref = self.weights.ref(version)
+        tasks = [BatchTask(batch_id=p.batch_id, stream=p.stream,
+                           previous_batch_id=p.previous_batch_id, steps=p.steps,
+                           random_steps=p.random_steps, weights_version=version,
+                           weights=ref, env=p.env)
+                 for p in (plans if isinstance(plans, list) else [plans])]
+        if isinstance(plans, list):
+            return self.supervisor.dispatch(BatchGroup(tuple(tasks)), supervised=supervised)
+        return self.supervisor.dispatch(tasks[0], supervised=supervised)
 
-    async def submit(self, plan: PlannedBatch, supervised: bool = True) -> Future:
+    async def submit(self, plans: PlannedBatch | list[PlannedBatch],
+                     supervised: bool = True) -> Future:
         """:meth:`submit_now`, first scattering the weights again if they were lost."""
         await self.weights.republish_lost(self.workers)
-        return self.submit_now(plan, supervised)
+        return self.submit_now(plans, supervised)
+
+    def _task(self, plans: list[PlannedBatch]) -> PlannedBatch | list[PlannedBatch]:
+        """What one task collects: a single batch as today, or a group (batches_per_task>1)."""
+        return plans if self.config.batches_per_task > 1 else plans[0]
+
+    async def _fetch(self, ac: as_completed) -> BatchTask | BatchGroup:
+        """Wait for the next finished task; keep its handles (the future is let go)."""
+        fut, result = await self.supervisor.next_done(ac)
+        task = self.supervisor.pending.pop(fut)
+        del fut  # hold no future of a fetched batch: Dask would recompute it if lost
+        handles = result if isinstance(result, list) else [result]
+        if self.config.sync:
+            self._done.update((h.batch_id, h) for h in handles if h is not None)
+        else:
+            self._ready.extend(h for h in handles if h is not None)
+        return task
 
     async def next_handle(self) -> BatchHandle | None:
         """The next batch for an iterating learner, handed over; None when all are."""
         while True:
             if self.config.sync:
-                fut, result = await self._next_in_round() or (None, None)
+                handle = await self._next_in_round()
             else:
-                fut, result = await self._next_first_done() or (None, None)
-            if fut is None or result is None:
+                handle = await self._next_first_done()
+            if handle is None:
                 return None
-            self.supervisor.pending.pop(fut)
-            del fut  # hold no future of a batch handed over: Dask would recompute it if lost
-            handle = self.handover.take(result, self.weights.version)
-            if handle is not None:
-                return handle
-            self.planner.requeue(result.frames)  # too stale: collected again
+            taken = self.handover.take(handle, self.weights.version)
+            if taken is not None:
+                return taken
+            self.planner.requeue(handle.frames)  # too stale: collected again
 
-    async def _next_in_round(self) -> tuple[Future, BatchHandle] | None:
+    async def _next_in_round(self) -> BatchHandle | None:
         """``sync=True``: fetched as tasks finish, handed over in batch order."""
         if not self._order:
             plans = self.planner.round()
             if not plans:
                 return None
+            by_stream: dict[int, list[PlannedBatch]] = {}
+            for p in plans:
+                by_stream.setdefault(p.stream, []).append(p)
             self._ac = self.supervisor.new_as_completed(
-                [await self.submit(p) for p in plans])
+                [await self.submit(self._task(ps)) for ps in by_stream.values()])
             self._order = [p.batch_id for p in plans]
         assert self._ac is not None
         batch_id = self._order.pop(0)
         while batch_id not in self._done:
-            fut, result = await self.supervisor.next_done(self._ac)
-            self._done[self.supervisor.pending[fut].batch_id] = (fut, result)
+            await self._fetch(self._ac)
         return self._done.pop(batch_id)
 
-    async def _next_first_done(self) -> tuple[Future, BatchHandle] | None:
-        """``sync=False``: a stream's next batch is submitted when the learner comes back for
-        a handle, so it gets the weights published meanwhile; its other batches in flight
-        keep its worker busy in the meantime."""
+    async def _next_first_done(self) -> BatchHandle | None:
+        """``sync=False``: a stream's next task is submitted when the learner comes back for
+        a handle after its last task finished, so it gets the weights published meanwhile; its
+        other tasks in flight keep its worker busy in the meantime."""
         if self._ac is None:
             self._ac = self.supervisor.new_as_completed([])
             self._refill = self.planner.initial_streams()
-        for stream in self._refill or ():
-            plan = self.planner.next(stream)
-            if plan is not None:
-                self._ac.add(await self.submit(plan))
-        self._refill = []
-        if self._ac.is_empty():
-            return None
-        fut, result = await self.supervisor.next_done(self._ac)
-        self._refill = [self.supervisor.pending[fut].stream]
-        return fut, result
+        while True:
+            for stream in self._refill or ():
+                plans = self.planner.task(stream)
+                if plans:
+                    self._ac.add(await self.submit(self._task(plans)))
+            self._refill = []
+            if not self._ready:
+                if self._ac.is_empty():
+                    return None
+                self._refill = [(await self._fetch(self._ac)).stream]
+            if self._ready:
+                return self._ready.popleft()

@@ -14,7 +14,6 @@ client's own sync machinery for synchronous clients, so both kinds get the same 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable
@@ -26,7 +25,7 @@ from daskrl.collect._planner import stream_placement
 from daskrl.errors import ClusterError, ClusterTimeoutError, InternalError, WeightsNotSharedError
 from daskrl.store._handles import BatchHandle
 from daskrl.weights._publish import WeightsPublisher
-from daskrl.worker._tasks import BatchTask, collect_batch
+from daskrl.worker._tasks import BatchGroup, BatchTask, collect_batch, collect_batches, with_weights
 
 __all__ = ["Supervisor", "Workers", "scheduler"]
 
@@ -35,7 +34,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _HEALTH_CHECK_S = 0.25
-"""How often the learner checks the cluster while it waits for a batch."""
+"""How often the learner checks the cluster's membership while it waits for a batch."""
+
+_FULL_CHECK_MAX_S = 2.0
+"""The longest gap between two full checks (every worker's heartbeat) while it waits."""
 
 
 def scheduler(client: Client) -> Any:
@@ -53,6 +55,10 @@ class Workers:
         self.call_timeout = call_timeout
         self.live: set[str] = set(workers)
         self._checked = time.monotonic()
+        self._members: set[str] = set(workers)  # the scheduler's workers at the last refresh
+        self.full_check_s = max(_HEALTH_CHECK_S, min(_FULL_CHECK_MAX_S, call_timeout / 8))
+        """How often :meth:`check` asks for every worker's heartbeat (finding workers cut off
+        within ``call_timeout`` plus this)."""
         # Workers cut off from the cluster: worker -> its last heartbeat when dropped (heard
         # from again, it is used again; gone from the scheduler, it is forgotten).
         self.unresponsive: dict[str, Any] = {}
@@ -94,7 +100,21 @@ class Workers:
             if self.silent(w) and w not in self.unresponsive:
                 self.drop(w, f"no heartbeat for over {self.call_timeout:g}s")
         self.live = set(workers) - set(self.unresponsive)
+        self._members = set(workers)
         self._checked = now
+        return self.live
+
+    async def check(self) -> set[str]:
+        """The frequent health check: the live workers, asking the scheduler only for its
+        worker list (``ncores``: address -> threads, a small answer), and doing the full
+        :meth:`refresh` (every worker's identity, to find the silent ones) when that list
+        changed or the last full one is ``full_check_s`` old."""
+        if time.monotonic() - self._checked >= self.full_check_s:
+            return await self.refresh(force=True)
+        members = await self.bounded("asking the scheduler for its workers",
+                                     scheduler(self.client).ncores())
+        if set(members) != self._members:
+            return await self.refresh(force=True)
         return self.live
 
     def silent(self, worker: str) -> bool:
@@ -162,18 +182,21 @@ class Supervisor:
         self.weights = weights
         self.stream_workers = stream_workers
         self.lost_workers_timeout = lost_workers_timeout
-        self.pending: dict[Future, BatchTask] = {}
+        self.pending: dict[Future, BatchTask | BatchGroup] = {}
         """Submitted, not yet handed over."""
         self.placement: dict[Future, tuple[str, int]] = {}
         """Batches this supervisor re-dispatches: the worker each is pinned to, its attempt."""
 
-    def dispatch(self, task: BatchTask, attempt: int = 0, supervised: bool = True) -> Future:
-        """Submit ``task`` to its stream's worker (loosely: Dask may run it elsewhere).
-        ``supervised=False``: the caller owns the future (``submit()``); no re-dispatch."""
+    def dispatch(self, task: BatchTask | BatchGroup, attempt: int = 0,
+                 supervised: bool = True) -> Future:
+        """Submit ``task`` (one batch, or a group: its future holds a list of handles) to its
+        stream's worker (loosely: Dask may run it elsewhere). ``supervised=False``: the caller
+        owns the future (``submit()``); no re-dispatch."""
         suffix = f"-r{attempt}" if attempt else ""
         worker = stream_placement(self.stream_workers, task.stream, self.workers.live)
+        fn = collect_batches if isinstance(task, BatchGroup) else collect_batch
         fut = self.client.submit(
-            collect_batch, self.plugin_name, task,
+            fn, self.plugin_name, task,
             key=f"daskrl-collect-{self.key_prefix}-{task.batch_id}{suffix}",
             workers=[worker], allow_other_workers=True, pure=False,
         )
@@ -208,13 +231,12 @@ class Supervisor:
                         # A worker off this machine: weights go through Dask, batch again.
                         await self.weights.stop_sharing(error, self.workers)
                         task = self.pending.pop(fut)
-                        task = dataclasses.replace(
-                            task, weights=self.weights.ref(task.weights_version))
+                        task = with_weights(task, self.weights.ref(task.weights_version))
                         ac.add(self.dispatch(task, attempt + 1))
                         continue
                     await fut  # raises the worker's error, with its traceback
                 return fut, result  # still pending until handed over
-            live = await self.workers.refresh(force=True)
+            live = await self.workers.check()
             if live:
                 no_workers_since = None
             elif no_workers_since is None:
