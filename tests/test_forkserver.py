@@ -15,7 +15,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import dask
 import psutil
 import pytest
 from cli_cluster import process_group_alive
@@ -66,33 +65,60 @@ def _states(client: Client) -> dict[str, dict]:
     return client.run(_worker_state)
 
 
-def test_workers_fork_from_the_forkserver_with_the_spawned_workers_environment():
-    with dask.config.set({"daskrl.embedded-cluster.forkserver": False}), \
+CLUSTER_STATES = """
+import json, os, sys
+import dask, psutil
+from distributed import Client
+sys.path.insert(0, {tests!r})
+from test_forkserver import _forkservers, _maps_cuda, _worker_state
+from daskrl.deploy import _forkserver, local_cluster
+if __name__ == "__main__":
+    with dask.config.set({{"daskrl.embedded-cluster.forkserver": sys.argv[1] == "forkserver"}}), \\
             local_cluster(2, tls=False) as cluster, Client(cluster, set_as_default=False) as c:
-        spawned = _states(c)
-    assert {s["ppid"] for s in spawned.values()} == {os.getpid()}  # spawned by the learner
-
-    with local_cluster(2, tls=False) as cluster, Client(cluster, set_as_default=False) as c:
         server = _forkserver.running()
-        assert server is not None and not _maps_cuda(server)
-        forked = _states(c)
-        assert {s["ppid"] for s in forked.values()} == {server}
-        # the same environment as spawned workers: the nanny's pre-spawn variables, and torch
-        # (imported in the forkserver) with one thread
-        assert [s["env"] for s in forked.values()] == [s["env"] for s in spawned.values()]
-        assert {s["torch_threads"] for s in forked.values()} == {1}
-        assert next(iter(forked.values()))["env"]["OMP_NUM_THREADS"] == "1"
-        assert all(s["torch_imported_before_task"] for s in forked.values())
-        assert not any(s["cuda_initialized"] for s in forked.values())
+        first = c.run(_worker_state)
+        c.restart()  # every worker restarted (forked again from the same forkserver)
+        again = c.run(_worker_state)
+        cuda = server is not None and _maps_cuda(server)
+    print(json.dumps({{"learner": os.getpid(), "server": server, "cuda_in_server": cuda,
+                      "first": list(first.values()), "again": list(again.values()),
+                      "left": [p.pid for p in _forkservers()]}}))
+"""
 
-        c.restart()  # every worker restarted: forked again from the same forkserver
-        restarted = _states(c)
-        assert {s["ppid"] for s in restarted.values()} == {server}
-        assert not {s["pid"] for s in restarted.values()} & {s["pid"] for s in forked.values()}
-        assert [s["env"] for s in restarted.values()] == [s["env"] for s in spawned.values()]
-    # closed: the forkserver is stopped too
-    assert _forkserver.running() is None
-    assert _forkservers() == []
+
+def _cluster_states(method: str) -> dict:
+    """Worker states of an embedded cluster started in a fresh learner process whose
+    environment has none of the nanny's pre-spawn variables yet."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                        "MALLOC_TRIM_THRESHOLD_", "PYTHONHASHSEED")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    code = CLUSTER_STATES.format(tests=str(ROOT / "tests"))
+    out = subprocess.run([sys.executable, "-c", code, method], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_workers_fork_from_the_forkserver_with_the_spawned_workers_environment():
+    spawned = _cluster_states("spawn")
+    assert spawned["server"] is None
+    assert {s["ppid"] for s in spawned["first"]} == {spawned["learner"]}  # spawned by it
+
+    forked = _cluster_states("forkserver")
+    server = forked["server"]
+    assert server is not None and not forked["cuda_in_server"]
+    for states in (forked["first"], forked["again"]):
+        assert {s["ppid"] for s in states} == {server}  # forked, restarts included
+        # the environment spawned workers get: the nanny's pre-spawn variables, and torch
+        # (imported in the forkserver) with one thread
+        assert [s["env"] for s in states] == [s["env"] for s in spawned["first"]]
+        assert states[0]["env"]["OMP_NUM_THREADS"] == "1"
+        assert {s["torch_threads"] for s in states} == {1}
+        assert all(s["torch_imported_before_task"] for s in states)
+        assert not any(s["cuda_initialized"] for s in states)
+    assert not {s["pid"] for s in forked["again"]} & {s["pid"] for s in forked["first"]}
+    assert forked["left"] == []  # closed: the forkserver is stopped too
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == "zombie"
 
 
