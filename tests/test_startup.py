@@ -116,9 +116,10 @@ def make(observation_space, action_space):
     while time.monotonic() < deadline and n < 2:
         n = 0
         for p in psutil.Process().children(recursive=True):
-            try:
-                n += "spawn_main" in " ".join(p.cmdline())
-            except psutil.Error:  # ended meanwhile
+            try:  # spawned, or forked by the forkserver
+                n += ("spawn_main" in " ".join(p.cmdline())
+                      or "multiprocessing.forkserver" in " ".join(p.parent().cmdline()))
+            except (psutil.Error, AttributeError):  # ended meanwhile
                 pass
         time.sleep(0.05)
     with open(os.environ["FACTORY_OUT"], "w") as f:

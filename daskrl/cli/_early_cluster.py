@@ -1,6 +1,8 @@
 """``daskrl collect``'s embedded cluster, started in a thread as soon as the command's input is
 checked, so that its worker processes import torch and daskrl while the learner imports torch
-and builds the policy (each alone takes seconds; one after the other, most of the start-up)."""
+and builds the policy (each alone takes seconds; one after the other, most of the start-up).
+The workers' forkserver (:mod:`daskrl.deploy._forkserver`) starts first, from the command's
+thread, so that its imports also overlap the scheduler's start."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ class EarlyCluster:
     def __init__(self, **options: Any) -> None:
         self._cluster: Any = None
         self._error: BaseException | None = None
+        if options.get("processes", True):
+            from daskrl.deploy import _forkserver
+
+            _forkserver.prestart()  # before any other thread runs: it sets env vars briefly
         self._thread = threading.Thread(target=self._start, args=(options,),
                                         name="daskrl-embedded-cluster", daemon=True)
         self._thread.start()
@@ -33,6 +39,9 @@ class EarlyCluster:
             self._cluster = local_cluster(**options)
         except BaseException as e:  # re-raised in the command's thread
             self._error = e
+            from daskrl.deploy import _forkserver
+
+            _forkserver.stop_if_idle()  # no nanny is left to stop it
 
     def deployment(self) -> Deployment:
         """The started cluster and a client of it (closed with :meth:`Deployment.close`)."""

@@ -126,7 +126,10 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
                   dashboard_address: str | None = None, **kwargs: Any) -> LocalCluster:
     """A ``LocalCluster`` of ``n_workers`` one-thread workers (default: one per core).
 
-    Workers are spawn-started processes (``processes=True``), which is safe on macOS and
+    Workers are processes of their own (``processes=True``), forked from a forkserver that
+    imported distributed, torch, gymnasium and daskrl's worker side once
+    (:mod:`daskrl.deploy._forkserver`; spawned where there is none, e.g. Windows, or with the
+    dask config key ``daskrl.embedded-cluster.forkserver: false``), which is safe on macOS and
     Windows as long as the calling script guards its entry point with
     ``if __name__ == "__main__":``. With ``tls`` (default: the dask config key
     ``daskrl.embedded-cluster.tls``, true unless set) the cluster uses TLS with temporary

@@ -24,11 +24,14 @@ from typing import Any
 import dask
 from distributed import Nanny
 
+from daskrl.deploy import _forkserver
+
 __all__ = ["EmbeddedNanny", "ParentNanny", "release_queue_names"]
 
 logger = logging.getLogger(__name__)
 
 DAEMON_KEY = "distributed.worker.daemon"
+_DEFAULTS = {DAEMON_KEY: True, _forkserver.METHOD_KEY: "spawn"}  # distributed's own
 
 
 class ParentNanny(Nanny):
@@ -42,25 +45,48 @@ class ParentNanny(Nanny):
     """
 
     _starting = 0
-    _saved: Any = True
+    _saved: dict[str, Any] = {}
+
+    def _start_config(self) -> dict[str, Any]:
+        """The dask config keys set while this nanny starts its worker process."""
+        return {DAEMON_KEY: False}
 
     async def instantiate(self) -> Any:
         cls = ParentNanny
+        config = self._start_config()
         if cls._starting == 0:
-            cls._saved = dask.config.get(DAEMON_KEY, True)
-            dask.config.set({DAEMON_KEY: False})
+            cls._saved = {}
+        for key in config:
+            cls._saved.setdefault(key, dask.config.get(key, _DEFAULTS.get(key)))
+        dask.config.set(config)
         cls._starting += 1
         try:
             return await super().instantiate()
         finally:
             cls._starting -= 1
             if cls._starting == 0:
-                dask.config.set({DAEMON_KEY: cls._saved})
+                dask.config.set(cls._saved)
 
 
 class EmbeddedNanny(ParentNanny):
-    """A :class:`ParentNanny` whose worker processes' queues hold no semaphore names once
-    started."""
+    """A :class:`ParentNanny` whose worker process starts from the embedded cluster's
+    forkserver where it can (:mod:`daskrl.deploy._forkserver`), and whose worker processes'
+    queues hold no semaphore names once started."""
+
+    _open = 0  # embedded nannies not closed yet (the last one stops the forkserver)
+
+    def _start_config(self) -> dict[str, Any]:
+        config = super()._start_config()
+        if _forkserver.enabled() and _forkserver.start(self.pre_spawn_env):
+            _forkserver.use_in_distributed()
+            config[_forkserver.METHOD_KEY] = "forkserver"
+        return config
+
+    async def start_unsafe(self) -> Any:
+        if not getattr(self, "_counted", False):
+            self._counted = True
+            EmbeddedNanny._open += 1
+        return await super().start_unsafe()
 
     async def instantiate(self) -> Any:
         status = await super().instantiate()
@@ -69,6 +95,16 @@ class EmbeddedNanny(ParentNanny):
             release_queue_names(getattr(process, "init_result_q", None),
                                 getattr(process, "child_stop_q", None))
         return status
+
+    async def close(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().close(*args, **kwargs)
+        finally:
+            if getattr(self, "_counted", False):
+                self._counted = False
+                EmbeddedNanny._open -= 1
+                if EmbeddedNanny._open == 0:
+                    _forkserver.stop_if_idle()
 
 
 def release_queue_names(*queues: Any) -> int:
