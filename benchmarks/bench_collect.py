@@ -38,6 +38,7 @@ import multiprocessing as mp
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -55,6 +56,7 @@ ENVS_PER_WORKER = 8
 FRAMES_PER_BATCH = 4096
 HIDDEN = (64, 64)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+POLICIES = ("sampling", "greedy")
 
 
 
@@ -71,14 +73,42 @@ def _ceiling_buffers(steps: int, obs: np.ndarray, act_space, discrete: bool) -> 
         "truncated": np.empty((steps, E), np.bool_),
     }
 
-def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results) -> None:
+
+class GreedyMLP(torch.nn.Module):
+    """The greedy version of ``MLPPolicy``'s network: the argmax action (``Discrete``), or the
+    mean action (``Box``); no log-probability."""
+
+    def __init__(self, obs_space: gym.Space, act_space: gym.Space) -> None:
+        super().__init__()
+        mlp = MLPPolicy(obs_space, act_space, hidden=HIDDEN)
+        self.net, self.discrete = mlp.net, mlp.discrete
+        if not self.discrete:
+            self.register_buffer("center", mlp.center)
+            self.register_buffer("scale", mlp.scale)
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        x = self.net(obs.flatten(1).float())
+        if self.discrete:
+            return {"action": x.argmax(1)}
+        return {"action": self.center + self.scale * torch.tanh(x)}
+
+
+def make_policy(kind: str, obs_space: gym.Space, act_space: gym.Space) -> torch.nn.Module:
+    """``MLPPolicy(hidden=HIDDEN)`` (``"sampling"``) or its :class:`GreedyMLP`."""
+    if kind == "greedy":
+        return GreedyMLP(obs_space, act_space)
+    return MLPPolicy(obs_space, act_space, hidden=HIDDEN)
+
+
+def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results,
+                 policy_kind: str = "sampling") -> None:
     """One process of the ceiling: build, wait on the barrier, then time ``steps`` steps."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     E = ENVS_PER_WORKER
     envs = [gym.make(env_id) for _ in range(E)]
     obs_space, act_space = envs[0].observation_space, envs[0].action_space
-    policy = MLPPolicy(obs_space, act_space, hidden=HIDDEN)
+    policy = make_policy(policy_kind, obs_space, act_space)
     discrete = isinstance(act_space, gym.spaces.Discrete)
     obs = np.stack([env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)])
     buf = _ceiling_buffers(steps, obs, act_space, discrete)
@@ -90,7 +120,8 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results) -> None:
             out = policy(torch.as_tensor(obs))
         action = out["action"].numpy()
         buf["action"][t] = action
-        buf["log_prob"][t] = out["log_prob"].numpy()
+        if "log_prob" in out:
+            buf["log_prob"][t] = out["log_prob"].numpy()
         for i, env in enumerate(envs):
             nobs, r, term, trunc, _ = env.step(int(action[i]) if discrete else action[i])
             buf["next_observation"][t, i] = nobs
@@ -150,7 +181,7 @@ def vector_ceiling_loop(spec: str, steps: int, seed: int, barrier, results) -> N
     venv.close()
 
 
-def run_ceiling(env_id: str, n: int, steps: int, loop=ceiling_loop) -> float:
+def run_ceiling(env_id: str, n: int, steps: int, loop=ceiling_loop, *extra) -> float:
     """Frames/s of ``n`` ceiling processes running at once."""
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(n), ctx.Queue()
@@ -158,7 +189,7 @@ def run_ceiling(env_id: str, n: int, steps: int, loop=ceiling_loop) -> float:
     os.environ.update(dict.fromkeys(THREAD_VARS, "1"))  # inherited by the spawned children
     try:
         procs = [
-            ctx.Process(target=loop, args=(env_id, steps, s, barrier, results))
+            ctx.Process(target=loop, args=(env_id, steps, s, barrier, results, *extra))
             for s in range(n)
         ]
         for p in procs:
@@ -186,7 +217,7 @@ def _envpool_factory(env_id: str):
 
 
 def run_daskrl(client: Client, env_id: str, n: int, batches: int, repeats: int,
-               sync: bool, vector: bool = False) -> dict:
+               sync: bool, vector: bool = False, policy_kind: str = "sampling") -> dict:
     """Warm up, then time collector runs of ``batches`` batches per worker; keep the fastest.
     ``vector``: collect ``env_id`` as a vector env (:func:`make_vector_env`)."""
     kw = dict(envs_per_worker=ENVS_PER_WORKER, frames_per_batch=FRAMES_PER_BATCH, num_workers=n,
@@ -205,7 +236,7 @@ def run_daskrl(client: Client, env_id: str, n: int, batches: int, repeats: int,
         probe = gym.make(env_id)
         obs_space, act_space = probe.observation_space, probe.action_space
         probe.close()
-    policy = MLPPolicy(obs_space, act_space, hidden=HIDDEN)
+    policy = make_policy(policy_kind, obs_space, act_space)
     with tempfile.TemporaryDirectory(prefix="daskrl-bench-") as tmp:
         warm = Collector(env, policy, f"{tmp}/warm", client=client,
                          total_frames=2 * n * FRAMES_PER_BATCH, **kw)
@@ -220,6 +251,8 @@ def run_daskrl(client: Client, env_id: str, n: int, batches: int, repeats: int,
                 t0 = time.perf_counter()
                 handles = list(collector)
                 runs.append((time.perf_counter() - t0, handles))
+        # The committed batches' bytes on disk (containers and commit records), default codec.
+        stored = sum(f.stat().st_size for f in Path(f"{tmp}/timed0").rglob("*") if f.is_file())
     wall, handles = min(runs, key=lambda run: run[0])
     frames = sum(h.frames for h in handles)
     rollout = sum(h.rollout_seconds for h in handles)
@@ -233,6 +266,7 @@ def run_daskrl(client: Client, env_id: str, n: int, batches: int, repeats: int,
         # wall time per batch on one worker not spent in rollout or write: scheduling, pickling...
         "other_s_per_batch": wall * n / len(handles) - (rollout + write) / len(handles),
         "rollout_fps_per_worker": frames / rollout,
+        "store_bytes_per_frame": stored / frames,
     }
 
 
@@ -258,6 +292,10 @@ def main() -> None:
     parser.add_argument("--batches-per-worker", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1,
                         help="time each measurement this many times and keep the fastest")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
+                        help="MLPPolicy's sampling policy, and/or its greedy (argmax) network")
+    parser.add_argument("--skip-no-tls", action="store_true",
+                        help="no sync runs on a cluster without TLS (the price of TLS)")
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     args = parser.parse_args()
     steps = args.batches_per_worker * FRAMES_PER_BATCH // ENVS_PER_WORKER
@@ -267,60 +305,68 @@ def main() -> None:
     vector_envs = ([] if args.vector_envs == ["none"] else args.vector_envs
                    or default_vector_envs())
     results, vector_results = [], []
+    workloads = [(e, k) for e in args.envs for k in args.policies]
     for n in args.workers:
-        ceilings = {e: max(run_ceiling(e, n, steps) for _ in range(args.repeats))
-                    for e in args.envs}
+        ceilings = {(e, k): max(run_ceiling(e, n, steps, ceiling_loop, k)
+                                for _ in range(args.repeats)) for e, k in workloads}
         vector_ceilings = {e: max(run_ceiling(e, n, steps, vector_ceiling_loop)
                                   for _ in range(args.repeats)) for e in vector_envs}
-        runs: dict[str, dict[str, dict]] = {e: {} for e in args.envs}
+        runs: dict[tuple[str, str], dict[str, dict]] = {w: {} for w in workloads}
         vector_runs: dict[str, dict] = {}
         # The embedded cluster's default is TLS; the same runs without it price the encryption.
-        for tls in (True, False):
+        for tls in (True,) if args.skip_no_tls else (True, False):
             with local_cluster(n, tls=tls) as cluster, Client(cluster) as client:
-                for env_id in args.envs:
+                for env_id, kind in workloads:
                     b = args.batches_per_worker
-                    sync = run_daskrl(client, env_id, n, b, args.repeats, True)
+                    sync = run_daskrl(client, env_id, n, b, args.repeats, True,
+                                      policy_kind=kind)
                     if tls:
-                        runs[env_id]["sync"] = sync
-                        runs[env_id]["async"] = run_daskrl(client, env_id, n, b, args.repeats,
-                                                           False)
+                        runs[env_id, kind]["sync"] = sync
+                        runs[env_id, kind]["async"] = run_daskrl(
+                            client, env_id, n, b, args.repeats, False, policy_kind=kind)
                     else:
-                        runs[env_id]["sync_no_tls"] = sync
+                        runs[env_id, kind]["sync_no_tls"] = sync
                 if tls:
                     for env_id in vector_envs:
                         vector_runs[env_id] = run_daskrl(client, env_id, n,
                                                          args.batches_per_worker,
                                                          args.repeats, True, vector=True)
-        for env_id in args.envs:
-            r = runs[env_id]
-            results.append({"env": env_id, "workers": n, "ceiling_fps": ceilings[env_id], **r})
-            print(f"  done {env_id} N={n}: ceiling {ceilings[env_id]:,.0f}, daskrl "
-                  f"sync {r['sync']['fps']:,.0f}, async {r['async']['fps']:,.0f}, sync without "
-                  f"TLS {r['sync_no_tls']['fps']:,.0f} frames/s", flush=True)
+        for env_id, kind in workloads:
+            r = runs[env_id, kind]
+            no_tls = r.get("sync_no_tls", {}).get("fps", float("nan"))
+            results.append({"env": env_id, "policy": kind, "workers": n,
+                            "ceiling_fps": ceilings[env_id, kind], **r})
+            print(f"  done {env_id} {kind} N={n}: ceiling {ceilings[env_id, kind]:,.0f}, "
+                  f"daskrl sync {r['sync']['fps']:,.0f}, async {r['async']['fps']:,.0f}, "
+                  f"sync without TLS {no_tls:,.0f} frames/s", flush=True)
         for env_id in vector_envs:
             r = {"env": env_id, "workers": n, "ceiling_fps": vector_ceilings[env_id],
                  "sync": vector_runs[env_id]}
-            if env_id in ceilings:  # the same env as single envs
-                r["single_ceiling_fps"] = ceilings[env_id]
-                r["single_sync_fps"] = runs[env_id]["sync"]["fps"]
+            if (env_id, "sampling") in ceilings:  # the same env as single envs
+                r["single_ceiling_fps"] = ceilings[env_id, "sampling"]
+                r["single_sync_fps"] = runs[env_id, "sampling"]["sync"]["fps"]
             vector_results.append(r)
             print(f"  done vector {env_id} N={n}: ceiling {r['ceiling_fps']:,.0f}, daskrl "
                   f"sync {r['sync']['fps']:,.0f} frames/s", flush=True)
 
     print()
-    print_table(["env", "workers", "ceiling frames/s", "daskrl sync", "sync/ceiling",
+    print_table(["env", "policy", "workers", "ceiling frames/s", "daskrl sync", "sync/ceiling",
                  "daskrl async", "async/ceiling", "sync no TLS", "TLS/no TLS"],
-                [[r["env"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
+                [[r["env"], r["policy"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
                   f"{r['sync']['fps'] / r['ceiling_fps']:.2f}", r["async"]["fps"],
-                  f"{r['async']['fps'] / r['ceiling_fps']:.2f}", r["sync_no_tls"]["fps"],
-                  f"{r['sync']['fps'] / r['sync_no_tls']['fps']:.2f}"] for r in results])
+                  f"{r['async']['fps'] / r['ceiling_fps']:.2f}",
+                  r["sync_no_tls"]["fps"] if "sync_no_tls" in r else "-",
+                  f"{r['sync']['fps'] / r['sync_no_tls']['fps']:.2f}"
+                  if "sync_no_tls" in r else "-"] for r in results])
     if vector_results:
         print("\nvector envs (8 sub-envs per worker, sync mode; ceiling: the same vector env "
               "in a plain loop):")
         print_table(["env", "workers", "vector ceiling", "daskrl vector", "daskrl/ceiling",
-                     "single-env ceiling", "vector/single ceiling", "daskrl vector/single"],
+                     "store bytes/frame", "single-env ceiling", "vector/single ceiling",
+                     "daskrl vector/single"],
                     [[r["env"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
                       f"{r['sync']['fps'] / r['ceiling_fps']:.2f}",
+                      f"{r['sync']['store_bytes_per_frame']:.1f}",
                       r.get("single_ceiling_fps", "-"),
                       f"{r['ceiling_fps'] / r['single_ceiling_fps']:.2f}"
                       if "single_ceiling_fps" in r else "-",
@@ -328,7 +374,7 @@ def main() -> None:
                       if "single_sync_fps" in r else "-"] for r in vector_results])
     print("\ndaskrl time per batch (seconds, per worker):")
     print_table(["env", "workers", "mode", "rollout", "write", "other", "rollout frames/s/worker"],
-                [[r["env"], r["workers"], mode, r[mode]["rollout_s_per_batch"],
+                [[f"{r['env']} {r['policy']}", r["workers"], mode, r[mode]["rollout_s_per_batch"],
                   r[mode]["write_s_per_batch"], r[mode]["other_s_per_batch"],
                   r[mode]["rollout_fps_per_worker"]] for r in results for mode in ("sync", "async")]
                 + [[f"{r['env']} (vector)", r["workers"], "sync", r["sync"]["rollout_s_per_batch"],

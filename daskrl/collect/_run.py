@@ -55,6 +55,17 @@ class Run:
         self._ready: collections.deque[BatchHandle] = collections.deque()  # likewise, async
         self._ac: as_completed | None = None
         self._refill: list[int] | None = None  # sync=False: streams to submit a task for
+        # sync rounds ahead (see _start_round): the round after the current one, submitted
+        # with it, and the rounds of versions the learner has let run
+        self._ahead: list[PlannedBatch] = []
+        self._ahead_version: int | None = None
+        self._stale: set[int] = set()  # batch ids of rounds taken back, not yet fetched
+        self._round_end_version: int | None = None  # the version as the last round ended
+        self._round_version: int | None = None  # the version of the last round started
+        self._run_length = 0  # rounds started on _round_version
+        self._period: int | None = None  # rounds the version before it ran (None: no publish)
+        self.rounds_ahead_dropped = 0
+        """Rounds submitted ahead and taken back because the learner published meanwhile."""
 
     @property
     def num_streams(self) -> int:
@@ -62,10 +73,13 @@ class Run:
 
     @property
     def in_flight(self) -> int:
-        """Batches submitted and not yet handed over (queued, running, or fetched)."""
-        return (sum(len(t.tasks) if isinstance(t, BatchGroup) else 1
-                    for t in self.supervisor.pending.values())
-                + len(self._done) + len(self._ready))
+        """Batches submitted and not yet handed over (queued, running, or fetched), less a
+        sync round submitted ahead or taken back: 0 right after a round's last handle."""
+        skip = {p.batch_id for p in self._ahead} | self._stale
+        ids = [t.batch_id for task in self.supervisor.pending.values()
+               for t in (task.tasks if isinstance(task, BatchGroup) else (task,))]
+        return (sum(i not in skip for i in ids) + sum(i not in skip for i in self._done)
+                + len(self._ready))
 
     def in_use(self) -> Iterable[int]:
         """Weights versions batches in flight still need."""
@@ -120,7 +134,12 @@ class Run:
         del fut  # hold no future of a fetched batch: Dask would recompute it if lost
         handles = result if isinstance(result, list) else [result]
         if self.config.sync:
-            self._done.update((h.batch_id, h) for h in handles if h is not None)
+            for h in handles:
+                if h is not None and h.batch_id in self._stale:  # of a round taken back
+                    self._stale.discard(h.batch_id)
+                    self.handover.stats.drop(h)
+                elif h is not None:
+                    self._done[h.batch_id] = h
         else:
             self._ready.extend(h for h in handles if h is not None)
         return task
@@ -135,27 +154,87 @@ class Run:
             if handle is None:
                 return None
             taken = self.handover.take(handle, self.weights.version)
+            if self.config.sync and not self._order:  # the round's last batch
+                self._round_end_version = self.weights.version if taken is not None else None
             if taken is not None:
                 return taken
             self.planner.requeue(handle.frames)  # too stale: collected again
 
     async def _next_in_round(self) -> BatchHandle | None:
         """``sync=True``: fetched as tasks finish, handed over in batch order."""
-        if not self._order:
-            plans = self.planner.round()
-            if not plans:
-                return None
-            by_stream: dict[int, list[PlannedBatch]] = {}
-            for p in plans:
-                by_stream.setdefault(p.stream, []).append(p)
-            self._ac = self.supervisor.new_as_completed(
-                [await self.submit(self._task(ps)) for ps in by_stream.values()])
-            self._order = [p.batch_id for p in plans]
+        if not self._order and not await self._start_round():
+            return None
         assert self._ac is not None
         batch_id = self._order.pop(0)
         while batch_id not in self._done:
             await self._fetch(self._ac)
         return self._done.pop(batch_id)
+
+    async def _start_round(self) -> bool:
+        """Submit the next round with the newest weights; False when the budget is spent.
+
+        A round runs on the weights version that is newest when the learner asks for its first
+        batch. Where the learner is not expected to publish after this round, the round after
+        it is submitted now too, on the same weights, so that each worker starts it as soon as
+        it finishes this one (no round trip to the learner between rounds). When the learner
+        asks for that round and the version is still the same, it is used as is; otherwise it
+        is taken back: its batches are dropped like batches over ``max_policy_lag``
+        (committed, not handed over, counted in ``dropped_stale``, their frames collected again
+        with the new weights; the streams' episodes continue through them).
+
+        The expectation: before the learner's first publish, a round ahead once it let a round
+        end without publishing; after it, while this version has run fewer rounds than the
+        version before it did (the learner's period). A learner that publishes after every
+        round never gets a round ahead; one that publishes every ``p`` rounds loses one round
+        in all, at its first publish.
+        """
+        version = self.weights.version
+        if version == self._round_version:
+            self._run_length += 1
+        else:
+            if self._round_version is not None:
+                self._period = self._run_length
+            self._round_version, self._run_length = version, 1
+        if self._period is None:
+            ahead = self._round_end_version == version
+        else:
+            ahead = self._run_length < self._period
+        plans, self._ahead = self._ahead, []
+        if plans and self._ahead_version != version:
+            self._take_back(plans)
+            plans = []
+        if not plans:
+            plans = await self._submit_round()
+            if not plans:
+                return False
+        self._order = [p.batch_id for p in plans]
+        if ahead:
+            self._ahead, self._ahead_version = await self._submit_round(), version
+        return True
+
+    async def _submit_round(self) -> list[PlannedBatch]:
+        """Plan and submit a round, one task per stream (none at the end of the budget)."""
+        plans = self.planner.round()
+        by_stream: dict[int, list[PlannedBatch]] = {}
+        for p in plans:
+            by_stream.setdefault(p.stream, []).append(p)
+        futures = [await self.submit(self._task(ps)) for ps in by_stream.values()]
+        if self._ac is None:
+            self._ac = self.supervisor.new_as_completed(futures)
+        else:
+            self._ac.update(futures)
+        return plans
+
+    def _take_back(self, plans: list[PlannedBatch]) -> None:
+        """Drop a round submitted ahead as stale and plan its frames again."""
+        for plan in plans:
+            self.planner.requeue(plan.frames)
+            handle = self._done.pop(plan.batch_id, None)
+            if handle is not None:
+                self.handover.stats.drop(handle)
+            else:
+                self._stale.add(plan.batch_id)
+        self.rounds_ahead_dropped += 1
 
     async def _next_first_done(self) -> BatchHandle | None:
         """``sync=False``: a stream's next task is submitted when the learner comes back for
