@@ -20,7 +20,9 @@ Rules that keep the forked workers as the spawned ones were:
   environment or imports), and it is stopped when the last embedded nanny closes, so a closed
   cluster leaves no process; it also exits with the learner (its ``multiprocessing`` pipe).
 
-Where the platform has no forkserver (Windows), or the dask config key
+Only on Linux: on macOS, forking a process that has loaded Apple's frameworks (torch loads
+Accelerate and Metal's libraries) is what ``spawn``, Python's default there, avoids, and Windows
+has no forkserver. Elsewhere, or where the dask config key
 ``daskrl.embedded-cluster.forkserver`` is false, or ``distributed.worker.multiprocessing-method``
 is set to anything but its default ``spawn``, the workers start as Dask starts them.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 from typing import Any
 
@@ -64,6 +67,8 @@ def enabled() -> bool:
     """Whether the embedded cluster's workers may start from the forkserver here."""
     import dask
 
+    if not sys.platform.startswith("linux"):
+        return False
     if not dask.config.get("daskrl.embedded-cluster.forkserver", True):
         return False
     if dask.config.get(METHOD_KEY, "spawn") != "spawn":  # the user chose a method: theirs
