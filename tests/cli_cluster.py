@@ -84,6 +84,18 @@ def process_group_alive(pgid: int) -> list:
     return alive
 
 
+def wait_for_first_commit(store: Path, child: subprocess.Popen, log: Path,
+                          timeout: float = 240) -> None:
+    """Wait until ``daskrl collect`` (``child``, logging to ``log``) has committed a batch to
+    ``store``; fail with its log if it exits first or nothing is committed by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (store / "commits").is_dir() or not any(
+            d.is_dir() for d in (store / "commits").iterdir()):
+        assert child.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "no batch committed"
+        time.sleep(0.05)
+
+
 def wait_for_file(path: Path, procs: Processes, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not (path.exists() and path.stat().st_size > 0):

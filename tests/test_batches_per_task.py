@@ -12,7 +12,8 @@ import signal
 
 import numpy as np
 import pytest
-from distributed import Client, SchedulerPlugin, get_task_stream
+from distributed import Client, get_task_stream
+from scheduler_kills import KillOnResult
 
 import daskrl
 from daskrl.deploy import local_cluster
@@ -138,27 +139,6 @@ def test_worker_killed_mid_task_costs_a_retry_only(tmp_path, sync):
     _check_store(url, 20, 40 * 20)  # each committed once
 
 
-class _KillOnResult(SchedulerPlugin):
-    """SIGKILLs the worker the moment the scheduler learns it finished the task whose first
-    batch is ``batch_id`` (its batches committed, their handles not yet with the learner); the
-    nanny starts no replacement."""
-
-    def __init__(self, cluster, batch_id: int) -> None:
-        self.cluster, self.suffix, self.killed = cluster, f"-{batch_id}", None
-
-    def transition(self, key, start, finish, *args, **kwargs):
-        if (self.killed is None and finish == "memory" and str(key).startswith("daskrl-collect-")
-                and str(key).endswith(self.suffix)):
-            from distributed.core import Status
-
-            address = kwargs["worker"]
-            for nanny in self.cluster.workers.values():
-                if nanny.worker_address == address:
-                    nanny.status = Status.closing_gracefully
-            os.kill(self.cluster.scheduler.workers[address].pid, signal.SIGKILL)
-            self.killed = address
-
-
 @pytest.mark.faults
 def test_task_rerun_after_its_commits_keeps_the_originals_and_hands_each_over_once(tmp_path):
     # One stream, k=3: the task of batches 3-5 commits all three, then its worker dies before
@@ -166,7 +146,7 @@ def test_task_rerun_after_its_commits_keeps_the_originals_and_hands_each_over_on
     # finds the commit and returns the committed batch, so nothing is committed or handed
     # over twice, and the stream's later batches do not continue the discarded re-run.
     with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
-        killer = _KillOnResult(cluster, 3)
+        killer = KillOnResult(cluster, 3)
         cluster.scheduler.add_plugin(killer, name="kill-on-result")
         url = str(tmp_path / "s")
         env = functools.partial(SlowEnv, 0.001, 7)

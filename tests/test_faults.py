@@ -12,7 +12,8 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client, SchedulerPlugin
+from distributed import Client
+from scheduler_kills import KillOnResult
 
 import daskrl
 from daskrl import BatchTimeoutError, EnvError
@@ -104,34 +105,13 @@ def test_worker_lost_mid_batch_costs_a_retry_only(own_cluster, tmp_path, how, ki
     _check_store(url, 24, 80 * 24)
 
 
-class _KillOnResult(SchedulerPlugin):
-    """Kills a worker process (SIGKILL) the moment the scheduler learns it finished the task
-    of batch ``batch_id``: the batch is committed, its handle not yet sent to the learner.
-    The worker's nanny is told not to start a replacement (a machine that does not return)."""
-
-    def __init__(self, cluster, batch_id: int) -> None:
-        self.cluster, self.suffix, self.killed = cluster, f"-{batch_id}", None
-
-    def transition(self, key, start, finish, *args, **kwargs):
-        if (self.killed is None and finish == "memory" and str(key).startswith("daskrl-collect-")
-                and str(key).endswith(self.suffix)):
-            from distributed.core import Status
-
-            address = kwargs["worker"]
-            for nanny in self.cluster.workers.values():
-                if nanny.worker_address == address:
-                    nanny.status = Status.closing_gracefully  # close, do not restart
-            os.kill(self.cluster.scheduler.workers[address].pid, signal.SIGKILL)
-            self.killed = address
-
-
 def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_path):
     # One stream on two workers. The stream's worker dies right after committing batch 1:
     # Dask runs batch 1 again on the other worker (with envs of its own), whose write finds
     # the commit and keeps the original. The stream's next batches run there too, and must
     # not continue the episodes of that discarded re-run.
     with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
-        killer = _KillOnResult(cluster, 1)
+        killer = KillOnResult(cluster, 1)
         cluster.scheduler.add_plugin(killer, name="kill-on-result")
         url = str(tmp_path / "s")
         env = functools.partial(SlowEnv, 0.001, 7)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cli_cluster import process_group_alive
+from cli_cluster import process_group_alive, wait_for_first_commit
 from distributed import Client
 
 from daskrl.deploy import _forkserver, local_cluster
@@ -171,12 +171,7 @@ def test_a_sigkilled_learner_leaves_no_forkserver_and_no_worker(tmp_path):
         env={**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)})
     try:
-        deadline = time.monotonic() + 240
-        while not (store / "commits").is_dir() or not any(
-                d.is_dir() for d in (store / "commits").iterdir()):
-            assert child.poll() is None, (tmp_path / "collect.log").read_text()
-            assert time.monotonic() < deadline, "no batch committed"
-            time.sleep(0.05)
+        wait_for_first_commit(store, child, tmp_path / "collect.log")
         tree = psutil.Process(child.pid).children(recursive=True)
         servers = [p for p in tree if "multiprocessing.forkserver" in " ".join(p.cmdline())
                    and p.ppid() == child.pid]

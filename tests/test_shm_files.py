@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cli_cluster import process_group_alive
+from cli_cluster import process_group_alive, wait_for_first_commit
 from distributed import Client
 
 from daskrl.deploy import local_cluster
@@ -88,12 +88,7 @@ def test_learner_killed_with_its_process_group_leaves_no_semaphore_files(tmp_pat
         stdout=log, stderr=subprocess.STDOUT, env=_cli_env(), start_new_session=True)
     named: set[str] = set()
     try:
-        deadline = time.monotonic() + 240
-        while not (store / "commits").is_dir() or not any(
-                d.is_dir() for d in (store / "commits").iterdir()):
-            assert child.poll() is None, (tmp_path / "collect.log").read_text()
-            assert time.monotonic() < deadline, "no batch committed"
-            time.sleep(0.05)
+        wait_for_first_commit(store, child, tmp_path / "collect.log")
         procs = [child.pid, *(p.pid for p in psutil.Process(child.pid).children(recursive=True))]
         for pid in procs:
             named |= _linked_semaphores(pid)
