@@ -76,8 +76,7 @@ class Run:
         """Batches submitted and not yet handed over (queued, running, or fetched), less a
         sync round submitted ahead or taken back: 0 right after a round's last handle."""
         skip = {p.batch_id for p in self._ahead} | self._stale
-        ids = [t.batch_id for task in self.supervisor.pending.values()
-               for t in (task.tasks if isinstance(task, BatchGroup) else (task,))]
+        ids = [i for task in self.supervisor.pending.values() for i in task.batch_ids]
         return (sum(i not in skip for i in ids) + sum(i not in skip for i in self._done)
                 + len(self._ready))
 

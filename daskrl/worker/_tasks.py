@@ -46,6 +46,11 @@ class BatchTask:
     env: int = 0
     """The env index the stream collects (its entry of the collection's envs)."""
 
+    @property
+    def batch_ids(self) -> tuple[int, ...]:
+        """The batches this task collects (one; a :class:`BatchGroup` has several)."""
+        return (self.batch_id,)
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchGroup:
