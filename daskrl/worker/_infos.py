@@ -119,9 +119,17 @@ class InfoRecorder:
                     if key in info:
                         self._put(key, self._leaves(key, info[key], i, row[i]), i, row[i])
         if done is not None:
-            for i in which:
-                if done[i]:
-                    self._episode(infos[i].get(EPISODE_KEY), infos[i], i, row[i])
+            self.episode_ends([i for i in which if done[i]], infos, row)
+
+    def episode_ends(self, ended: Sequence[int], infos: Sequence[Mapping[str, Any]],
+                     t: int | Sequence[int]) -> None:
+        """Take the ``episode`` entries (``RecordEpisodeStatistics``) of the single envs
+        ``ended``, whose episodes ended at step ``t`` (or at ``t[i]``), into :attr:`episodes`.
+        :meth:`record` does this for its ``done`` envs; a caller with no ``keys`` calls it
+        alone, at the steps where some episode ended."""
+        for i in ended:
+            info = infos[i]
+            self._episode(info.get(EPISODE_KEY), info, i, t if isinstance(t, int) else t[i])
 
     def _leaves(self, key: str, value: Any, i: int, t: int, sub: str = "",
                 depth: int = 2) -> dict[str, np.ndarray]:

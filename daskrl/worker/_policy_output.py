@@ -20,9 +20,8 @@ from daskrl._nested import iter_leaves
 from daskrl.errors import PolicyError
 from daskrl.worker._spaces import SpaceLayout
 
-__all__ = ["RESERVED_KEYS", "check_action", "check_extras", "describe", "policy_error",
-           "split_policy_output",
-           "to_numpy"]
+__all__ = ["RESERVED_KEYS", "OutputReader", "check_action", "check_extras", "describe",
+           "policy_error", "split_policy_output", "to_numpy"]
 
 
 def split_policy_output(out: Any) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -161,3 +160,36 @@ def policy_error(e: BaseException, env_name: str, t: int, batch_id: int,
         "environment variables, device, or the env's real observations)."
         f"\n--- the policy's traceback, on the worker ---\n{tb}"
     )
+
+
+class OutputReader:
+    """A rollout's reader of the policy's outputs, per step, as numpy arrays.
+
+    The first output is checked in full (:func:`check_action`, :func:`check_extras`); each
+    later one of the same form (a flat action space, a tensor or a dict with the first's keys,
+    CPU tensors) is read without the general path's conversions, and any other takes that
+    path, which names what is wrong with it."""
+
+    def __init__(self, first: Any, space: gym.Space, n_envs: int, env_name: str) -> None:
+        action, extras = split_policy_output(first)
+        check_action(action, space, n_envs, env_name)
+        check_extras(extras, n_envs)
+        self.layout = SpaceLayout(space)
+        self._tensor = isinstance(first, torch.Tensor)
+        self._keys = first.keys() if type(first) is dict else None
+        self._extra_names = tuple(extras)
+
+    def __call__(self, out: Any) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """``(action leaves, extras)`` of one step's output, each ``[E, ...]`` (they may share
+        memory with the output: copy them at once)."""
+        if not self.layout.structured:
+            try:
+                if self._tensor and type(out) is torch.Tensor:
+                    return [out.numpy()], {}
+                if self._keys is not None and type(out) is dict and out.keys() == self._keys:
+                    return [out["action"].numpy()], {k: out[k].numpy() for k in self._extra_names}
+            except (AttributeError, TypeError, RuntimeError):
+                pass  # not a CPU tensor without grad: the general path converts or names it
+        action, extras = split_policy_output(out)
+        return ([to_numpy(a) for a in self.layout.split(action)],
+                {k: to_numpy(v) for k, v in extras.items()})

@@ -20,16 +20,10 @@ from gymnasium import spaces
 from daskrl.errors import BatchTimeoutError, EnvError
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._infos import InfoRecorder, InfoSpecs
-from daskrl.worker._policy_output import (
-    check_action,
-    check_extras,
-    policy_error,
-    split_policy_output,
-    to_numpy,
-)
+from daskrl.worker._policy_output import OutputReader, policy_error
 from daskrl.worker._spaces import Leaf, SpaceLayout
 
-__all__ = ["EPISODE_ID_STRIDE", "EnvSet", "non_finite_error"]
+__all__ = ["EPISODE_ID_STRIDE", "EnvSet", "episode_columns", "non_finite_error"]
 
 EPISODE_ID_STRIDE = 1 << 24
 """``episode_id = batch_id * EPISODE_ID_STRIDE + step * E + env``: of the batch it started in."""
@@ -97,6 +91,7 @@ class EnvSet:
             env.close()
 
     def _reset(self, i: int, batch_id: int, t: int) -> None:
+        """Reset env ``i`` (its first reset seeded) and put its observation in :attr:`obs`."""
         seed = self._seeds[i] if self._first_reset else None
         try:
             obs, _ = self.envs[i].reset(seed=seed)
@@ -104,9 +99,21 @@ class EnvSet:
             raise _env_error(f"env {self.spec.name} (env index {i}) raised in reset() at "
                              f"step {t} of batch {batch_id}", e) from e
         self._put_obs(self.obs, i, obs, t, batch_id, "reset()")
-        self.episode_id[i] = batch_id * EPISODE_ID_STRIDE + t * self.n_envs + i
-        self.episode_step[i] = 0
-        self.episode_return[i] = 0.0
+
+    def _new_arrays(self, steps: int) -> dict[str, np.ndarray]:
+        """A batch's ``[T, E, ...]`` arrays, but for the action and the policy's extras (their
+        shapes come from its first output)."""
+        E = self.n_envs
+        out: dict[str, np.ndarray] = {}
+        for key in ("observation", "next_observation"):
+            for name, cur in zip(self.obs_layout.names(key), self.obs):
+                out[name] = np.empty((steps, *cur.shape), cur.dtype)
+        out.update({
+            "reward": np.empty((steps, E), np.float32),
+            "terminated": np.empty((steps, E), np.bool_),
+            "truncated": np.empty((steps, E), np.bool_),
+        })
+        return out
 
     def collect(
         self,
@@ -118,77 +125,79 @@ class EnvSet:
         reset: bool = False,
         batch_timeout: float | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Step every env ``steps`` times; return ``(arrays [T, E, ...], stats)``."""
+        """Step every env ``steps`` times; return ``(arrays [T, E, ...], stats)``.
+
+        The loop does per step only what the step needs (the envs' outputs, checked; the
+        policy's; the resets); ``episode_id`` and ``step`` are derived at the end from where
+        episodes started, and on CPU the policy reads tensors made once over :attr:`obs`."""
         E = self.n_envs
         if reset or self._needs_reset:
             for i in range(E):
                 self._reset(i, batch_id, 0)
+            self.episode_id[:] = batch_id * EPISODE_ID_STRIDE + np.arange(E)
+            self.episode_step[:] = 0
+            self.episode_return[:] = 0.0
             self._first_reset = False
             self._needs_reset = False
-        out: dict[str, np.ndarray] = {}
-        for key in ("observation", "next_observation"):
-            for name, cur in zip(self.obs_layout.names(key), self.obs):
-                out[name] = np.empty((steps, *cur.shape), cur.dtype)
-        out.update({
-            "reward": np.empty((steps, E), np.float32),
-            "terminated": np.empty((steps, E), np.bool_),
-            "truncated": np.empty((steps, E), np.bool_),
-            "episode_id": np.empty((steps, E), np.int64),
-            "step": np.empty((steps, E), np.int64),
-        })
+        out = self._new_arrays(steps)
+        rewards_out, term_out, trunc_out = out["reward"], out["terminated"], out["truncated"]
         extras: dict[str, np.ndarray] = {}
         returns: list[float] = []
         lengths: list[int] = []
         obs_bufs = [out[n] for n in self.obs_layout.names("observation")]
         next_bufs = [out[n] for n in self.obs_layout.names("next_observation")]
         act_bufs: list[np.ndarray] = []
-        id_buf, step_buf = out["episode_id"], out["step"]
         flat_obs = not self.obs_layout.structured
         obs_shape = self.obs[0].shape[1:]
         infos: list[Any] = [None] * E
         recorder = InfoRecorder(self.info_keys, steps, E, env_name=self.spec.name,
                                 batch_id=batch_id, specs=self.info_specs)
+        keep_infos = bool(self.info_keys)
+        episode_return = self.episode_return
+        # Each env's episode: the row it started at (negative: before this batch), its id.
+        start_row = (-self.episode_step).tolist()
+        episode_ids = self.episode_id.tolist()
+        starts: list[tuple[int, int]] = []  # (row, env) of each episode started in the batch
+        id_base = batch_id * EPISODE_ID_STRIDE
+        to_env = (_discrete_actions if isinstance(self.act_space, spaces.Discrete)
+                  else self._env_actions)
+        # On CPU the policy reads the observations in place, through tensors made once (they
+        # are not changed until the policy has returned); elsewhere they are copied over.
         on_cpu = device.type == "cpu"
+        obs_in = [torch.from_numpy(cur) for cur in self.obs] if on_cpu else []
         deadline = None if batch_timeout is None else time.monotonic() + batch_timeout
         no_grad = torch.inference_mode()
         t0 = time.perf_counter()
         for t in range(steps):
             for buf, cur in zip(obs_bufs, self.obs):
                 buf[t] = cur
-            id_buf[t] = self.episode_id
-            step_buf[t] = self.episode_step
-            # On CPU the policy reads the observation in place (it is not changed until the
-            # policy has returned); elsewhere it is copied to the device.
-            obs_t = self.obs_layout.join([
-                torch.from_numpy(cur) if on_cpu else torch.as_tensor(cur, device=device)
-                for cur in self.obs])
+            obs_t = self.obs_layout.join(obs_in if on_cpu else [
+                torch.as_tensor(cur, device=device) for cur in self.obs])
             try:
                 with no_grad:
                     policy_out = policy(obs_t)
             except Exception as e:
                 raise policy_error(e, self.spec.name, t, batch_id, obs_t) from e
-            action_t, extra_t = split_policy_output(policy_out)
             if t == 0:
-                check_action(action_t, self.act_space, E, self.spec.name)
-                check_extras(extra_t, E)
-            actions = [to_numpy(a) for a in self.act_layout.split(action_t)]
+                read = OutputReader(policy_out, self.act_space, E, self.spec.name)
+            actions, extra_np = read(policy_out)
             if t == 0:
                 for name, a in zip(self.act_layout.names("action"), actions):
                     out[name] = np.empty((steps, *a.shape), a.dtype)
                     act_bufs.append(out[name])
-                for k, v in extra_t.items():
-                    v_np = to_numpy(v)
-                    extras[k] = np.empty((steps, *v_np.shape), v_np.dtype)
-            for k, v in extra_t.items():
-                extras[k][t] = to_numpy(v)
+                for k, v in extra_np.items():
+                    extras[k] = np.empty((steps, *v.shape), v.dtype)
+            for k, v in extra_np.items():
+                extras[k][t] = v
             if t < random_steps:
                 samples = [self.act_layout.split(env.action_space.sample()) for env in self.envs]
                 actions = [np.stack([s[j] for s in samples]).astype(buf.dtype, copy=False)
                            .reshape(a.shape) for j, (buf, a) in enumerate(zip(act_bufs, actions))]
             for buf, a in zip(act_bufs, actions):
                 buf[t] = a
-            env_actions = self._env_actions(actions)
+            env_actions = to_env(actions)
             next_obs = [buf[t] for buf in next_bufs]
+            next_flat = next_obs[0]
             rewards: list[Any] = [0.0] * E  # what each env returned, checked below
             terminated: list[Any] = [False] * E
             truncated: list[Any] = [False] * E
@@ -202,9 +211,13 @@ class EnvSet:
                 if not flat_obs:
                     self._put_obs(next_obs, i, nobs, t, batch_id, "step()")
                     continue
-                if getattr(nobs, "shape", None) != obs_shape or nobs.dtype.kind not in "biuf":
+                try:
+                    ok = nobs.shape == obs_shape and nobs.dtype.kind in "biuf"
+                except AttributeError:  # not an array
+                    ok = False
+                if not ok:
                     self._check_obs(nobs, self.obs_layout.leaves[0], i, t, batch_id, "step()")
-                next_obs[0][i] = nobs
+                next_flat[i] = nobs
             # One conversion per step checks all envs' outputs at once; only a wrong one takes
             # the slow path that finds and names it.
             try:
@@ -218,25 +231,37 @@ class EnvSet:
                     and term_a.dtype.kind == trunc_a.dtype.kind == "b"):
                 reward_a, term_a, trunc_a = self._check_step_outputs(
                     rewards, terminated, truncated, t, batch_id)
-            out["reward"][t] = reward_a
-            out["terminated"][t] = term_a
-            out["truncated"][t] = trunc_a
-            self.episode_return += reward_a  # float64 sums of the env's own rewards
-            self.episode_step += 1
+            rewards_out[t] = reward_a
+            term_out[t] = term_a
+            trunc_out[t] = trunc_a
+            episode_return += reward_a  # float64 sums of the env's own rewards
             for cur, nxt in zip(self.obs, next_obs):
                 cur[...] = nxt
-            ended = out["terminated"][t] | out["truncated"][t]
-            recorder.record(t, infos, done=ended)
-            for done in np.flatnonzero(ended):
-                returns.append(float(self.episode_return[done]))
-                lengths.append(int(self.episode_step[done]))
-                self._reset(int(done), batch_id, t + 1)
+            if keep_infos:
+                recorder.record(t, infos, done=term_a | trunc_a)
+            if True in terminated or True in truncated:  # (bools, or 0/1: checked above)
+                ended = np.flatnonzero(term_a | trunc_a).tolist()
+                if not keep_infos:
+                    recorder.episode_ends(ended, infos, t)
+                for i in ended:
+                    returns.append(float(episode_return[i]))
+                    lengths.append(t + 1 - start_row[i])
+                    self._reset(i, batch_id, t + 1)
+                    episode_return[i] = 0.0
+                    start_row[i] = t + 1
+                    episode_ids[i] = id_base + (t + 1) * E + i
+                    starts.append((t + 1, i))
             if deadline is not None and time.monotonic() > deadline:
                 raise BatchTimeoutError(
                     f"batch {batch_id} ran past its deadline of {batch_timeout:g}s at step {t} of "
                     f"{steps} (env {self.spec.name}); it was stopped and its partial data "
                     "discarded. Raise batch_timeout or lower frames_per_batch."
                 )
+        elapsed = time.perf_counter() - t0
+        out["episode_id"], out["step"] = episode_columns(
+            steps, E, id_base, self.episode_id, self.episode_step, starts)
+        self.episode_id[:] = episode_ids
+        self.episode_step[:] = steps - np.asarray(start_row)
         if self.episode_step.max() >= self.spec.endless_episode_steps:
             i = int(self.episode_step.argmax())
             raise EnvError(
@@ -244,7 +269,6 @@ class EnvSet:
                 f"{int(self.episode_step[i])} steps without terminating or truncating. Set "
                 "max_frames_per_traj to truncate long episodes."
             )
-        elapsed = time.perf_counter() - t0
         if (err := non_finite_error(out, self.obs_layout, self.spec.name, batch_id)) is not None:
             self._needs_reset = True
             raise err
@@ -263,6 +287,16 @@ class EnvSet:
                  where: str) -> None:
         """Check env ``i``'s observation ``obs`` against the space and write its leaves to row
         ``i`` of ``dst`` (one array ``[E, ...]`` per leaf)."""
+        if not self.obs_layout.structured:  # one leaf: the step loop's check
+            leaf = self.obs_layout.leaves[0]
+            try:
+                ok = obs.shape == leaf.shape and obs.dtype.kind in "biuf"
+            except AttributeError:  # not an array
+                ok = False
+            if not ok:
+                self._check_obs(obs, leaf, i, t, batch_id, where)
+            dst[0][i] = obs
+            return
         try:
             parts = self.obs_layout.split(obs)
         except ValueError as e:
@@ -330,6 +364,26 @@ class EnvSet:
         return [self.act_layout.join([p[i] for p in per_leaf]) for i in range(self.n_envs)]
 
 
+def episode_columns(steps: int, n_envs: int, id_base: int, carried_ids: np.ndarray,
+                    carried_steps: np.ndarray, starts: list[tuple[int, int]]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's ``episode_id`` and ``step`` arrays ``[T, E]``, from the episodes each env
+    carried in (their ids and steps so far) and the ``(row, env)`` where new episodes started
+    (id ``id_base + row * E + env``, step 0 there)."""
+    rows = np.arange(steps)[:, None]
+    # 1 + the row of each env's last start at or before each row; 0: the carried episode.
+    last = np.zeros((steps, n_envs), np.int64)
+    if starts:
+        r, i = np.array(starts, np.int64).T
+        inside = r < steps  # (an episode that ended on the last row starts in the next batch)
+        last[r[inside], i[inside]] = r[inside] + 1
+        np.maximum.accumulate(last, axis=0, out=last)
+    carried = last == 0
+    step = np.where(carried, carried_steps + rows, rows - last + 1)
+    ids = np.where(carried, carried_ids, id_base + (last - 1) * n_envs + np.arange(n_envs))
+    return ids, step
+
+
 def non_finite_error(out: dict[str, np.ndarray], obs_layout: SpaceLayout, env_name: str,
                      batch_id: int) -> EnvError | None:
     """The error for the first non-finite float observation or reward of a rollout's
@@ -346,6 +400,11 @@ def non_finite_error(out: dict[str, np.ndarray], obs_layout: SpaceLayout, env_na
                 "env or wrap it to sanitize its output; the batch was discarded."
             )
     return None
+
+
+def _discrete_actions(actions: list[np.ndarray]) -> list[int]:
+    """Per-env actions of a ``Discrete`` space (one leaf) as Python ints."""
+    return actions[0].tolist()
 
 
 def _leaf_actions(space: gym.Space, action: np.ndarray) -> list[Any]:

@@ -53,6 +53,30 @@ def test_episode_ids_are_unique_and_constant_within_episodes():
     assert ids.min() >= 10 * EPISODE_ID_STRIDE
 
 
+def test_episode_ids_steps_and_lengths_follow_where_each_episode_started():
+    # Episodes of 2, 3 and 4 steps over batches of 4 rows: they end mid-batch, on a batch's
+    # last row (the next one starts with the next batch) and run on across batch boundaries.
+    lengths = iter([2, 3, 4])
+    E = 3
+    envset = EnvSet(EnvSpec(lambda: CountingEnv(next(lengths))), n_envs=E, seed=0, stream=0)
+    last_ids = None
+    for b in (5, 6, 7):
+        arrays, stats = envset.collect(TagPolicy(), CPU, steps=4, batch_id=b)
+        ids, step, obs = arrays["episode_id"], arrays["step"], arrays["observation"]
+        assert np.array_equal(step, obs[..., 1])  # the env's own step count
+        for t, i in np.argwhere(step == 0):  # id: of the batch and row of the reset
+            reset_at = (b, t) if t or b == 5 else (b - 1, 4)  # (after the previous batch's end)
+            assert ids[t, i] == reset_at[0] * EPISODE_ID_STRIDE + reset_at[1] * E + i
+        for t, i in np.argwhere(step > 0):  # an episode keeps its id, across batches too
+            before = ids[t - 1, i] if t else last_ids[i]
+            assert ids[t, i] == before
+        last_ids = ids[-1]
+        ends = np.argwhere(arrays["terminated"])  # in order: by row, then env
+        assert list(stats["episode_lengths"]) == [step[t, i] + 1 for t, i in ends]
+        assert list(stats["episode_returns"]) == [
+            float(sum(range(1, step[t, i] + 2))) for t, i in ends]
+
+
 def test_episode_stats_and_max_frames_per_traj_truncates():
     envset = EnvSet(_counting(100, max_steps=3), n_envs=2, seed=0, stream=0)
     arrays, stats = envset.collect(TagPolicy(), CPU, steps=7, batch_id=0)
