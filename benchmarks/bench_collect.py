@@ -10,9 +10,15 @@ For each env (CartPole-v1, Pendulum-v1 by default) and each worker count N (1 an
   Envs and policy are built before a barrier; frames/s = all frames / slowest process's time.
 * daskrl: ``daskrl.Collector`` on the embedded cluster's set-up
   (``daskrl.deploy.local_cluster(N)``: N one-thread workers, TLS) started beforehand, in sync
-  and async mode, and in sync mode again on the same cluster without TLS (its cost); one warm-up run (2 batches per worker), then the timed run: from just
-  before iterating to the last handle (batches are written to a temporary zarr store, never
-  loaded). The cluster is reused for both envs at a given N.
+  and async mode, and in sync mode again on the same cluster without TLS (its cost); one
+  warm-up run per workload (2 batches per worker), then the timed runs: from just before
+  iterating to the last handle (batches are written to a temporary zarr store, never
+  loaded). The cluster is reused for every workload at a given N.
+
+Each of ``--repeats`` repeats times, for each workload, the ceiling and then daskrl, one after
+the other (the cluster idles, started, while the ceiling runs), so that each ratio compares
+runs seconds apart: a shared machine's speed drifts by 10-20 % within minutes. The tables give
+the median ratio over the repeats and its range.
 
 Vector envs (``--vector-envs``, default ``CartPole-v1`` and ``envpool:Pong-v5``; ``--vector-envs
 none`` skips them): the same env as one vector env of 8 sub-envs, ``gymnasium.make_vec(..., vectorization_mode=
@@ -26,7 +32,7 @@ factory), sync mode, side by side with the single-env figures of that env where 
 Run:  python benchmarks/bench_collect.py [--batches-per-worker 16] [--repeats 1] [--json out.json]
 
 On a small or shared machine the numbers are noisy (N=2 on 2 cores also shares the cores with
-the scheduler and this process); use ``--repeats 3`` to keep the fastest of three timings.
+the scheduler and this process); use ``--repeats 3`` or more.
 """
 
 from __future__ import annotations
@@ -216,12 +222,11 @@ def _envpool_factory(env_id: str):
     return envpool.make_gymnasium(env_id, num_envs=ENVS_PER_WORKER, seed=daskrl.env_seed())
 
 
-def run_daskrl(client: Client, env_id: str, n: int, batches: int, repeats: int,
-               sync: bool, vector: bool = False, policy_kind: str = "sampling") -> dict:
-    """Warm up, then time collector runs of ``batches`` batches per worker; keep the fastest.
-    ``vector``: collect ``env_id`` as a vector env (:func:`make_vector_env`)."""
-    kw = dict(envs_per_worker=ENVS_PER_WORKER, frames_per_batch=FRAMES_PER_BATCH, num_workers=n,
-              sync=sync)
+def daskrl_workload(env_id: str, n: int, vector: bool = False,
+                    policy_kind: str = "sampling") -> tuple[object, torch.nn.Module, dict]:
+    """``(env, policy, Collector keywords)`` of a workload. ``vector``: ``env_id`` as a
+    vector env (:func:`make_vector_env`)."""
+    kw = dict(envs_per_worker=ENVS_PER_WORKER, frames_per_batch=FRAMES_PER_BATCH, num_workers=n)
     env: object = env_id
     if vector:
         probe = make_vector_env(env_id)
@@ -236,24 +241,23 @@ def run_daskrl(client: Client, env_id: str, n: int, batches: int, repeats: int,
         probe = gym.make(env_id)
         obs_space, act_space = probe.observation_space, probe.action_space
         probe.close()
-    policy = make_policy(policy_kind, obs_space, act_space)
-    with tempfile.TemporaryDirectory(prefix="daskrl-bench-") as tmp:
-        warm = Collector(env, policy, f"{tmp}/warm", client=client,
-                         total_frames=2 * n * FRAMES_PER_BATCH, **kw)
-        with warm:
-            for _ in warm:
-                pass
-        runs = []
-        for r in range(repeats):
-            collector = Collector(env, policy, f"{tmp}/timed{r}", client=client,
-                                  total_frames=batches * n * FRAMES_PER_BATCH, **kw)
-            with collector:
-                t0 = time.perf_counter()
-                handles = list(collector)
-                runs.append((time.perf_counter() - t0, handles))
-        # The committed batches' bytes on disk (containers and commit records), default codec.
-        stored = sum(f.stat().st_size for f in Path(f"{tmp}/timed0").rglob("*") if f.is_file())
-    wall, handles = min(runs, key=lambda run: run[0])
+    return env, make_policy(policy_kind, obs_space, act_space), kw
+
+
+def run_daskrl(client: Client, workload: tuple[object, torch.nn.Module, dict], url: str,
+               batches: int, sync: bool) -> dict:
+    """One collector run of ``batches`` batches per worker into a new store at ``url``,
+    timed from just before iterating to the last handle (``batches=2``: a warm-up)."""
+    env, policy, kw = workload
+    n = kw["num_workers"]
+    collector = Collector(env, policy, url, client=client, sync=sync,
+                          total_frames=batches * n * FRAMES_PER_BATCH, **kw)
+    with collector:
+        t0 = time.perf_counter()
+        handles = list(collector)
+        wall = time.perf_counter() - t0
+    # The committed batches' bytes on disk (containers and commit records), default codec.
+    stored = sum(f.stat().st_size for f in Path(url).rglob("*") if f.is_file())
     frames = sum(h.frames for h in handles)
     rollout = sum(h.rollout_seconds for h in handles)
     write = sum(h.write_seconds for h in handles)
@@ -268,6 +272,21 @@ def run_daskrl(client: Client, env_id: str, n: int, batches: int, repeats: int,
         "rollout_fps_per_worker": frames / rollout,
         "store_bytes_per_frame": stored / frames,
     }
+
+
+def summary(runs: list[dict], ceilings: list[float]) -> dict:
+    """The median run of a workload's repeats (by its ratio to the ceiling measured just
+    before it), with every repeat's ratio."""
+    ratios = [r["fps"] / c for r, c in zip(runs, ceilings)]
+    median = sorted(range(len(runs)), key=lambda i: ratios[i])[len(runs) // 2]
+    return {**runs[median], "ratio": float(np.median(ratios)), "ratios": ratios,
+            "ceiling_fps": ceilings[median]}
+
+
+def spread(ratios: list[float]) -> str:
+    """``0.91 [0.88-0.93]``: the median ratio and its range over the repeats."""
+    med = float(np.median(ratios))
+    return f"{med:.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if len(ratios) > 1 else f"{med:.2f}"
 
 
 def print_table(header: list[str], rows: list[list]) -> None:
@@ -291,7 +310,8 @@ def main() -> None:
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--batches-per-worker", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1,
-                        help="time each measurement this many times and keep the fastest")
+                        help="time each workload's ceiling and daskrl runs this many times, "
+                             "back to back; the tables give the median ratio and its range")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                         help="MLPPolicy's sampling policy, and/or its greedy (argmax) network")
     parser.add_argument("--skip-no-tls", action="store_true",
@@ -306,55 +326,60 @@ def main() -> None:
                    or default_vector_envs())
     results, vector_results = [], []
     workloads = [(e, k) for e in args.envs for k in args.policies]
+    b = args.batches_per_worker
     for n in args.workers:
-        ceilings = {(e, k): max(run_ceiling(e, n, steps, ceiling_loop, k)
-                                for _ in range(args.repeats)) for e, k in workloads}
-        vector_ceilings = {e: max(run_ceiling(e, n, steps, vector_ceiling_loop)
-                                  for _ in range(args.repeats)) for e in vector_envs}
-        runs: dict[tuple[str, str], dict[str, dict]] = {w: {} for w in workloads}
-        vector_runs: dict[str, dict] = {}
+        ceilings: dict[tuple[str, str], list[float]] = {w: [] for w in workloads}
+        vector_ceilings: dict[str, list[float]] = {e: [] for e in vector_envs}
+        runs: dict[tuple[str, str], dict[str, list[dict]]] = {
+            w: {"sync": [], "async": [], "sync_no_tls": []} for w in workloads}
+        vector_runs: dict[str, list[dict]] = {e: [] for e in vector_envs}
+        setups = {w: daskrl_workload(w[0], n, policy_kind=w[1]) for w in workloads}
+        vector_setups = {e: daskrl_workload(e, n, vector=True) for e in vector_envs}
         # The embedded cluster's default is TLS; the same runs without it price the encryption.
         for tls in (True,) if args.skip_no_tls else (True, False):
-            with local_cluster(n, tls=tls) as cluster, Client(cluster) as client:
-                for env_id, kind in workloads:
-                    b = args.batches_per_worker
-                    sync = run_daskrl(client, env_id, n, b, args.repeats, True,
-                                      policy_kind=kind)
-                    if tls:
-                        runs[env_id, kind]["sync"] = sync
-                        runs[env_id, kind]["async"] = run_daskrl(
-                            client, env_id, n, b, args.repeats, False, policy_kind=kind)
-                    else:
-                        runs[env_id, kind]["sync_no_tls"] = sync
-                if tls:
-                    for env_id in vector_envs:
-                        vector_runs[env_id] = run_daskrl(client, env_id, n,
-                                                         args.batches_per_worker,
-                                                         args.repeats, True, vector=True)
-        for env_id, kind in workloads:
-            r = runs[env_id, kind]
-            no_tls = r.get("sync_no_tls", {}).get("fps", float("nan"))
-            results.append({"env": env_id, "policy": kind, "workers": n,
-                            "ceiling_fps": ceilings[env_id, kind], **r})
-            print(f"  done {env_id} {kind} N={n}: ceiling {ceilings[env_id, kind]:,.0f}, "
-                  f"daskrl sync {r['sync']['fps']:,.0f}, async {r['async']['fps']:,.0f}, "
-                  f"sync without TLS {no_tls:,.0f} frames/s", flush=True)
-        for env_id in vector_envs:
-            r = {"env": env_id, "workers": n, "ceiling_fps": vector_ceilings[env_id],
-                 "sync": vector_runs[env_id]}
-            if (env_id, "sampling") in ceilings:  # the same env as single envs
-                r["single_ceiling_fps"] = ceilings[env_id, "sampling"]
-                r["single_sync_fps"] = runs[env_id, "sampling"]["sync"]["fps"]
+            with local_cluster(n, tls=tls) as cluster, Client(cluster) as client, \
+                    tempfile.TemporaryDirectory(prefix="daskrl-bench-") as tmp:
+                modes = (True, False) if tls else (True,)
+                for w, setup in [*setups.items(), *vector_setups.items()]:
+                    for sync in modes if w in setups else (True,):
+                        run_daskrl(client, setup, f"{tmp}/warm-{len(os.listdir(tmp))}", 2, sync)
+                # Each repeat times the ceiling and then daskrl on the same workload, one after
+                # the other: the machine's speed drifts (a shared VM's by 10-20 % within a
+                # minute), and a ratio of runs minutes apart would measure the drift.
+                for rep in range(args.repeats):
+                    for w in workloads:
+                        if tls:
+                            ceilings[w].append(run_ceiling(w[0], n, steps, ceiling_loop, w[1]))
+                        for sync in modes:
+                            key = ("sync" if sync else "async") if tls else "sync_no_tls"
+                            runs[w][key].append(run_daskrl(
+                                client, setups[w], f"{tmp}/{key}-{w[0]}-{w[1]}-{rep}", b, sync))
+                    for e in vector_envs if tls else ():
+                        vector_ceilings[e].append(run_ceiling(e, n, steps, vector_ceiling_loop))
+                        vector_runs[e].append(run_daskrl(client, vector_setups[e],
+                                                         f"{tmp}/vector-{e}-{rep}", b, True))
+        for w in workloads:
+            r = {mode: summary(rs, ceilings[w]) for mode, rs in runs[w].items() if rs}
+            results.append({"env": w[0], "policy": w[1], "workers": n,
+                            "ceiling_fps": float(np.median(ceilings[w])), **r})
+            print(f"  done {w[0]} {w[1]} N={n}: sync/ceiling {spread(r['sync']['ratios'])}, "
+                  f"async/ceiling {spread(r['async']['ratios'])}", flush=True)
+        for e in vector_envs:
+            r = {"env": e, "workers": n, "ceiling_fps": float(np.median(vector_ceilings[e])),
+                 "sync": summary(vector_runs[e], vector_ceilings[e])}
+            if (e, "sampling") in ceilings:  # the same env as single envs
+                r["single_ceiling_fps"] = float(np.median(ceilings[e, "sampling"]))
+                r["single_sync_fps"] = results[-len(workloads) + workloads.index(
+                    (e, "sampling"))]["sync"]["fps"]
             vector_results.append(r)
-            print(f"  done vector {env_id} N={n}: ceiling {r['ceiling_fps']:,.0f}, daskrl "
-                  f"sync {r['sync']['fps']:,.0f} frames/s", flush=True)
+            print(f"  done vector {e} N={n}: daskrl/ceiling {spread(r['sync']['ratios'])}",
+                  flush=True)
 
     print()
     print_table(["env", "policy", "workers", "ceiling frames/s", "daskrl sync", "sync/ceiling",
                  "daskrl async", "async/ceiling", "sync no TLS", "TLS/no TLS"],
                 [[r["env"], r["policy"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
-                  f"{r['sync']['fps'] / r['ceiling_fps']:.2f}", r["async"]["fps"],
-                  f"{r['async']['fps'] / r['ceiling_fps']:.2f}",
+                  spread(r["sync"]["ratios"]), r["async"]["fps"], spread(r["async"]["ratios"]),
                   r["sync_no_tls"]["fps"] if "sync_no_tls" in r else "-",
                   f"{r['sync']['fps'] / r['sync_no_tls']['fps']:.2f}"
                   if "sync_no_tls" in r else "-"] for r in results])
@@ -365,7 +390,7 @@ def main() -> None:
                      "store bytes/frame", "single-env ceiling", "vector/single ceiling",
                      "daskrl vector/single"],
                     [[r["env"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
-                      f"{r['sync']['fps'] / r['ceiling_fps']:.2f}",
+                      spread(r["sync"]["ratios"]),
                       f"{r['sync']['store_bytes_per_frame']:.1f}",
                       r.get("single_ceiling_fps", "-"),
                       f"{r['ceiling_fps'] / r['single_ceiling_fps']:.2f}"

@@ -34,14 +34,14 @@ import torch
 from daskrl.errors import BatchTimeoutError, EnvError
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._infos import EPISODE_KEY, InfoRecorder, InfoSpecs
-from daskrl.worker._policy_output import (
-    check_action,
-    check_extras,
-    policy_error,
-    split_policy_output,
-    to_numpy,
+from daskrl.worker._policy_output import OutputReader, policy_error
+from daskrl.worker._rollout import (
+    EPISODE_ID_STRIDE,
+    EnvSet,
+    _env_error,
+    episode_columns,
+    non_finite_error,
 )
-from daskrl.worker._rollout import EPISODE_ID_STRIDE, EnvSet, _env_error, non_finite_error
 from daskrl.worker._spaces import SpaceLayout
 from daskrl.worker._vector_envs import (
     AutoresetMode,
@@ -126,6 +126,8 @@ class VectorEnvSet(StaggeredSteps):
         self._info_carry: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]] = []
         """Staggered: the infos of the carried rows, ``(rows, info, envs, done)`` per step."""
         self._batch_timeout: float | None = None
+        self._read: OutputReader | None = None
+        """Reads the policy's outputs; made from each batch's first."""
 
     def close(self) -> None:
         """Close the vector env."""
@@ -307,12 +309,9 @@ class VectorEnvSet(StaggeredSteps):
                 out = policy(obs_t)
         except Exception as e:
             raise policy_error(e, self.spec.name, t, batch_id, obs_t) from e
-        action_t, extra_t = split_policy_output(out)
-        if first:
-            check_action(action_t, self.act_space, self.n_envs, self.spec.name)
-            check_extras(extra_t, self.n_envs)
-        return ([to_numpy(a) for a in self.act_layout.split(action_t)],
-                {k: to_numpy(v) for k, v in extra_t.items()})
+        if first or self._read is None:
+            self._read = OutputReader(out, self.act_space, self.n_envs, self.spec.name)
+        return self._read(out)
 
     def _random(self, action: list[np.ndarray], mask: np.ndarray) -> list[np.ndarray]:
         """``action`` with the masked columns' actions sampled from their own action spaces
@@ -394,16 +393,19 @@ class VectorEnvSet(StaggeredSteps):
         returns: list[float] = []
         lengths: list[int] = []
         same_step = self.mode is AutoresetMode.SAME_STEP
-        cols = np.arange(E)
         everyone = np.ones(E, np.bool_)
         obs_bufs = [out[n] for n in self.obs_names]
         next_bufs = [out[n] for n in self.next_names]
         act_bufs: list[np.ndarray] = []
+        rewards_out, term_out, trunc_out = out["reward"], out["terminated"], out["truncated"]
+        # Each sub-env's episode: the row it started at (negative: before this batch); the
+        # batch's episode_id and step are derived at its end from where episodes started.
+        carried_ids, carried_steps = self.episode_id.copy(), self.episode_step.copy()
+        start_row = -carried_steps
+        starts: list[tuple[int, int]] = []
         for t in range(steps):
             for buf, cur in zip(obs_bufs, self.obs):
                 buf[t] = cur
-            out["episode_id"][t] = self.episode_id
-            out["step"][t] = self.episode_step
             action, extras = self._act(policy, device, t == 0, t, batch_id)
             if t == 0:
                 self._add_policy_arrays(out, action, extras)
@@ -426,20 +428,25 @@ class VectorEnvSet(StaggeredSteps):
                         buf[t][done] = v
                 else:
                     self._set_obs(self._reset_some(done, t, batch_id), done)
-            self._record_info(recorder, t, info, done)
-            out["reward"][t] = reward
-            out["terminated"][t] = terminated
-            out["truncated"][t] = truncated
+            if ended or self.info_keys:
+                self._record_info(recorder, t, info, done)
+            rewards_out[t] = reward
+            term_out[t] = terminated
+            trunc_out[t] = truncated
             self.episode_return += reward
-            self.episode_step += 1
             if ended:
-                returns.extend(self.episode_return[done].tolist())
-                lengths.extend(self.episode_step[done].tolist())
-                self.episode_id[done] = batch_id * S + (t + 1) * E + cols[done]
-                self.episode_step[done] = 0
-                self.episode_return[done] = 0.0
+                idx = np.flatnonzero(done)
+                returns.extend(self.episode_return[idx].tolist())
+                lengths.extend((t + 1 - start_row[idx]).tolist())
+                start_row[idx] = t + 1
+                starts.extend((t + 1, i) for i in idx.tolist())
+                self.episode_id[idx] = batch_id * S + (t + 1) * E + idx
+                self.episode_return[idx] = 0.0
             if deadline is not None and time.monotonic() > deadline:
                 raise self._timeout(batch_id, t)
+        out["episode_id"][:], out["step"][:] = episode_columns(
+            steps, E, batch_id * S, carried_ids, carried_steps, starts)
+        self.episode_step[:] = steps - start_row
         return dict(out.arrays), returns, lengths
 
 
