@@ -147,8 +147,6 @@ class EnvSet:
         obs_bufs = [out[n] for n in self.obs_layout.names("observation")]
         next_bufs = [out[n] for n in self.obs_layout.names("next_observation")]
         act_bufs: list[np.ndarray] = []
-        flat_obs = not self.obs_layout.structured
-        obs_shape = self.obs[0].shape[1:]
         infos: list[Any] = [None] * E
         recorder = InfoRecorder(self.info_keys, steps, E, env_name=self.spec.name,
                                 batch_id=batch_id, specs=self.info_specs)
@@ -197,7 +195,6 @@ class EnvSet:
                 buf[t] = a
             env_actions = to_env(actions)
             next_obs = [buf[t] for buf in next_bufs]
-            next_flat = next_obs[0]
             rewards: list[Any] = [0.0] * E  # what each env returned, checked below
             terminated: list[Any] = [False] * E
             truncated: list[Any] = [False] * E
@@ -208,16 +205,7 @@ class EnvSet:
                 except Exception as e:
                     raise _env_error(f"env {self.spec.name} (env index {i}) raised in step() "
                                      f"at step {t} of batch {batch_id}", e) from e
-                if not flat_obs:
-                    self._put_obs(next_obs, i, nobs, t, batch_id, "step()")
-                    continue
-                try:
-                    ok = nobs.shape == obs_shape and nobs.dtype.kind in "biuf"
-                except AttributeError:  # not an array
-                    ok = False
-                if not ok:
-                    self._check_obs(nobs, self.obs_layout.leaves[0], i, t, batch_id, "step()")
-                next_flat[i] = nobs
+                self._put_obs(next_obs, i, nobs, t, batch_id, "step()")
             # One conversion per step checks all envs' outputs at once; only a wrong one takes
             # the slow path that finds and names it.
             try:
@@ -287,7 +275,7 @@ class EnvSet:
                  where: str) -> None:
         """Check env ``i``'s observation ``obs`` against the space and write its leaves to row
         ``i`` of ``dst`` (one array ``[E, ...]`` per leaf)."""
-        if not self.obs_layout.structured:  # one leaf: the step loop's check
+        if not self.obs_layout.structured:  # one leaf (the common case: no split)
             leaf = self.obs_layout.leaves[0]
             try:
                 ok = obs.shape == leaf.shape and obs.dtype.kind in "biuf"
