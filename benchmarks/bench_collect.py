@@ -358,8 +358,10 @@ def main() -> None:
                         vector_ceilings[e].append(run_ceiling(e, n, steps, vector_ceiling_loop))
                         vector_runs[e].append(run_daskrl(client, vector_setups[e],
                                                          f"{tmp}/vector-{e}-{rep}", b, True))
+        summaries = {}
         for w in workloads:
-            r = {mode: summary(rs, ceilings[w]) for mode, rs in runs[w].items() if rs}
+            r = summaries[w] = {mode: summary(rs, ceilings[w]) for mode, rs in runs[w].items()
+                                if rs}
             results.append({"env": w[0], "policy": w[1], "workers": n,
                             "ceiling_fps": float(np.median(ceilings[w])), **r})
             print(f"  done {w[0]} {w[1]} N={n}: sync/ceiling {spread(r['sync']['ratios'])}, "
@@ -369,8 +371,7 @@ def main() -> None:
                  "sync": summary(vector_runs[e], vector_ceilings[e])}
             if (e, "sampling") in ceilings:  # the same env as single envs
                 r["single_ceiling_fps"] = float(np.median(ceilings[e, "sampling"]))
-                r["single_sync_fps"] = results[-len(workloads) + workloads.index(
-                    (e, "sampling"))]["sync"]["fps"]
+                r["single_sync_fps"] = summaries[e, "sampling"]["sync"]["fps"]
             vector_results.append(r)
             print(f"  done vector {e} N={n}: daskrl/ceiling {spread(r['sync']['ratios'])}",
                   flush=True)
