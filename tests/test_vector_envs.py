@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -232,6 +233,39 @@ def test_async_step_past_the_batch_timeout_is_stopped(parent_cluster, tmp_path):
         list(c)
     children = client.run(lambda: len(__import__("multiprocessing").active_children()))
     assert set(children.values()) == {0}  # the hung sub-processes were terminated
+
+
+def _children(client) -> dict[str, int]:
+    return client.run(lambda: len(__import__("multiprocessing").active_children()))
+
+
+def test_collector_closed_mid_step_leaves_the_envs_to_the_batch(parent_cluster, tmp_path):
+    """The collector closes while a batch waits on its AsyncVectorEnv's step: the worker's
+    teardown leaves those envs to the batch, which closes them as it ends. (Closed by the
+    teardown too, from the worker's event loop, two threads read the same pipes: the batch
+    hung in its next call, or the sub-processes were left behind.)"""
+    _, client = parent_cluster
+    factories = [functools.partial(FaultyEnv, "hang", at=2, hang=2, once=True,
+                                   token="close-mid-step")] * 2
+    c = daskrl.Collector(lambda: AsyncVectorEnv(factories, context="fork"), TagPolicy(),
+                         str(tmp_path / "s"), client=client, frames_per_batch=20,
+                         total_frames=None, num_workers=1)
+    try:
+        c.submit()
+        deadline = time.monotonic() + 30
+        while 2 not in _children(client).values():  # the batch's sub-processes run
+            assert time.monotonic() < deadline, _children(client)
+            time.sleep(0.05)
+        time.sleep(0.3)  # into the step that sleeps 2 s
+    finally:
+        c.close()
+    deadline = time.monotonic() + 30
+    while set(_children(client).values()) != {0}:  # the batch ended and closed its envs
+        assert time.monotonic() < deadline, _children(client)
+        time.sleep(0.1)
+    # each worker is free for the next task
+    for w in _children(client):
+        assert client.submit(sum, [1, 2], workers=[w], pure=False).result(timeout=10) == 3
 
 
 def test_envpool_pools_seeded_per_stream(client, tmp_path):

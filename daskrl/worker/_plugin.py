@@ -79,6 +79,8 @@ class CollectorPlugin(WorkerPlugin):
         self.envsets: dict[int, EnvSet | VectorEnvSet] = {}
         self.store: TrajectoryStore | None = None
         self.weights = WeightsCache(self.name, f"worker {self.worker_address}")
+        self.closed = False
+        """Torn down (the collector closed): batches still running close what they held."""
 
     @property
     def weight_sources(self) -> list[tuple[int, str]]:
@@ -109,13 +111,31 @@ class CollectorPlugin(WorkerPlugin):
             check_may_start_processes(spec, f"worker {self.worker_address}")
 
     def teardown(self, worker: Worker) -> None:
-        for envset in self.envsets.values():
+        # Runs on the worker's event loop, maybe while a batch of this collector still runs
+        # (a cancelled task runs on to its end): what that batch uses is left to it, and it
+        # closes it when it ends (collect_batch). Closed from here, an AsyncVectorEnv mid-call
+        # would have two threads reading its pipes, and a single env could be freed mid-step.
+        self.closed = True
+        self.close_idle()
+
+    def close_idle(self) -> None:
+        """After teardown: close each stream's envs that no batch holds, and the weights
+        once no batch holds the policy. Called by teardown, then by each batch that ends after
+        it (it sees :attr:`closed` once it has let go of its locks, so one of the two closes
+        what the batch held)."""
+        for stream in list(self.envsets):
+            lock = self.stream_lock(stream)
+            if lock.acquire(blocking=False):
+                try:
+                    self.drop_envset(stream)
+                finally:
+                    lock.release()
+        if self.lock.acquire(blocking=False):
             try:
-                envset.close()
-            except Exception:  # closing is best effort; the worker keeps running
-                logger.warning("env close failed on %s", self.worker_address, exc_info=True)
-        self.weights.close()
-        self._init_local()
+                self.weights.close()
+                self.policy = self.store = None
+            finally:
+                self.lock.release()
 
     # -- state used by tasks -----------------------------------------------------------------
     def ready_policy(self, version: int, weights: WeightsRef,
@@ -170,8 +190,9 @@ class CollectorPlugin(WorkerPlugin):
         if envset is not None:
             try:
                 envset.close()
-            except Exception:  # a broken env may fail to close too
-                logger.debug("closing the envs of stream %d failed", stream, exc_info=True)
+            except Exception:  # a broken env may fail to close too; the worker runs on
+                logger.warning("closing the envs of stream %d failed on %s", stream,
+                               self.worker_address, exc_info=True)
 
     def get_store(self) -> TrajectoryStore:
         """The store, opened for writing on first use."""

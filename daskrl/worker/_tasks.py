@@ -143,14 +143,18 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle | None:
     """
     worker = this_worker()
     plugin = collector_plugin(worker, plugin_name)
-    with plugin.stream_lock(task.stream):
-        ours = False
-        try:
-            handle, ours = _collect_and_write(plugin, worker, task)
-        finally:
-            if not ours:
-                plugin.drop_envset(task.stream)
-        return handle
+    try:
+        with plugin.stream_lock(task.stream):
+            ours = False
+            try:
+                handle, ours = _collect_and_write(plugin, worker, task)
+            finally:
+                if not ours or plugin.closed:
+                    plugin.drop_envset(task.stream)
+    finally:
+        if plugin.closed:  # the collector closed while this batch ran (see teardown)
+            plugin.close_idle()
+    return handle
 
 
 def collect_batches(plugin_name: str, group: BatchGroup) -> list[BatchHandle]:
