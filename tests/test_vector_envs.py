@@ -220,6 +220,11 @@ def test_sub_process_error_names_the_env_index(parent_cluster, tmp_path):
     assert "testing.py" in str(info.value)  # where it was raised, in the sub-process
 
 
+def _children(client) -> dict[str, int]:
+    """Each worker's live child processes."""
+    return client.run(lambda: len(__import__("multiprocessing").active_children()))
+
+
 def test_async_step_past_the_batch_timeout_is_stopped(parent_cluster, tmp_path):
     _, client = parent_cluster
     factories = [functools.partial(FaultyEnv, "hang", at=3, hang=60, token="async-hang")] * 2
@@ -231,12 +236,7 @@ def test_async_step_past_the_batch_timeout_is_stopped(parent_cluster, tmp_path):
         pytest.raises(BatchTimeoutError, match="ran past its deadline of 3s at step 2"),
     ):
         list(c)
-    children = client.run(lambda: len(__import__("multiprocessing").active_children()))
-    assert set(children.values()) == {0}  # the hung sub-processes were terminated
-
-
-def _children(client) -> dict[str, int]:
-    return client.run(lambda: len(__import__("multiprocessing").active_children()))
+    assert set(_children(client).values()) == {0}  # the hung sub-processes were terminated
 
 
 def test_collector_closed_mid_step_leaves_the_envs_to_the_batch(parent_cluster, tmp_path):
