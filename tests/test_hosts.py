@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 from beds.dask_hosts import dask_hosts
-from beds.hosts import leftover_namespaces
+from beds.hosts import leftover_namespaces, netns_dir_mounted
 
 import daskrl
 
@@ -57,8 +57,10 @@ def check_store(url: str, frames: int, handles: list[dict]) -> None:
 def shared(tmp_path):
     """The shared directory; afterwards no namespace, process or mount of the bed is left."""
     shared = tmp_path / "shared"
+    netns_mounted = netns_dir_mounted()
     yield shared
     assert not leftover_namespaces(f"drl-{os.getpid()}-")
+    assert netns_dir_mounted() == netns_mounted  # `ip netns`'s own mount undone too
     procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(shared) not in procs, procs
     with open("/proc/self/mountinfo") as f:

@@ -69,6 +69,17 @@ def netns_pids(ns: str) -> list[int]:
     return [int(p) for p in out.stdout.split()] if out.returncode == 0 else []
 
 
+NETNS_DIR = "/run/netns"
+"""Where ``ip netns`` keeps its named namespaces."""
+
+
+def netns_dir_mounted() -> bool:
+    """Whether :data:`NETNS_DIR` is a mount point (``ip netns add`` bind-mounts it onto itself,
+    which ``os.path.ismount`` cannot see: same device, as its parent)."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == NETNS_DIR for line in f)
+
+
 class Hosts:
     """``n`` namespace hosts sharing ``shared``; use as a context manager."""
 
@@ -79,6 +90,7 @@ class Hosts:
         self.bridge_ns = f"{self.prefix}br"
         self.namespaces = [f"{self.prefix}h{i}" for i in range(n)]
         self._holders: list[subprocess.Popen] = []
+        self._mounted_netns_dir = False  # `ip netns add` bind-mounted NETNS_DIR for this bed
         self.procs: list[tuple[int, subprocess.Popen]] = []  # (host, process) started here
 
     # -- set-up --------------------------------------------------------------------------------
@@ -102,6 +114,7 @@ class Hosts:
 
     def start(self) -> Hosts:
         try:
+            self._mounted_netns_dir = not netns_dir_mounted()
             _ip("netns", "add", self.bridge_ns)
             _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
             _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
@@ -206,6 +219,11 @@ class Hosts:
         left = set(leftover_namespaces(self.prefix))
         if left:
             raise RuntimeError(f"namespaces left behind: {sorted(left)}")
+        # The first `ip netns add` on a machine bind-mounts NETNS_DIR onto itself, and
+        # `ip netns del` leaves that mount: undo it once no namespace is left in it.
+        if self._mounted_netns_dir and netns_dir_mounted() and not os.listdir(NETNS_DIR):
+            subprocess.run(["umount", NETNS_DIR], capture_output=True, timeout=30)
+            self._mounted_netns_dir = False
 
     def __enter__(self) -> Hosts:
         return self.start()
