@@ -18,6 +18,9 @@ batch on a worker:
   Dask, the next task taken from the queue);
 
 and the fixed share, (write + task other + between) / the whole, as medians over the batches.
+Also the learner process's CPU per handle (``time.process_time``, every thread: the client,
+the embedded scheduler and the nannies), which at N = 2 on 2 cores comes out of the workers'
+share of the machine.
 
 Run:  python benchmarks/bench_task_overhead.py [--workers 1 2] [--batches-per-worker 40]
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 
 import gymnasium as gym
 from bench_collect import ENVS_PER_WORKER, FRAMES_PER_BATCH, make_policy, print_table
@@ -79,16 +83,19 @@ def main() -> None:
                             sync=mode == "sync", num_workers=n, envs_per_worker=ENVS_PER_WORKER,
                             frames_per_batch=FRAMES_PER_BATCH,
                             total_frames=batches * n * FRAMES_PER_BATCH) as collector:
+                        cpu = time.process_time()
                         handles = list(collector)
+                        cpu = time.process_time() - cpu
                 m = per_batch(stream.data, {h.batch_id: h for h in handles})
                 whole = sum(m.values())
                 rows.append([n, mode, len(handles), m["rollout"] * 1e3, m["write"] * 1e3,
                              m["task other"] * 1e3, m["between"] * 1e3,
-                             f"{(whole - m['rollout']) / whole:.1%}"])
+                             f"{(whole - m['rollout']) / whole:.1%}",
+                             cpu / len(handles) * 1e3])
                 print(f"  done N={n} {mode}", flush=True)
     print("\nper batch on a worker (milliseconds, medians), CartPole-v1 greedy, 4096 frames:")
     print_table(["workers", "mode", "batches", "rollout", "write", "task other", "between tasks",
-                 "fixed share"], rows)
+                 "fixed share", "learner CPU/handle"], rows)
 
 
 if __name__ == "__main__":
