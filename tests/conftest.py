@@ -30,6 +30,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -221,6 +222,12 @@ _unit_only = pytest.StashKey[int]()
 
 def pytest_sessionstart(session):
     session.config.stash[_started] = time.monotonic()
+    # A suite started as a background job of a non-interactive shell (`cmd &` in a script)
+    # inherits SIGINT ignored, and so would every process the tests start: the ctrl-c tests
+    # (a killed `daskrl collect`, a SLURM learner) would see their SIGINT dropped. Python's
+    # own handler here makes each started program get the default disposition back.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_finish(session):
