@@ -211,9 +211,9 @@ one look early, which a window of two halves."""
 def quickest_batch(times: list[float]) -> float:
     """The shortest time per batch over :data:`QUICKEST_WINDOW` consecutive batches, from
     ``times`` (the start, then the end of each batch). A shared VM's speed swings within
-    seconds (here between about 24k and 44k CartPole steps/s, from one 0.1 s stretch to the
-    next), so the quickest batches of many compare two loops where the machine did not slow
-    either."""
+    seconds (here between about 24k and 44k greedy Pendulum frames/s, from one 0.1 s stretch
+    to the next), so the quickest batches of many compare two loops where the machine did not
+    slow either."""
     w = min(QUICKEST_WINDOW, len(times) - 1)
     return min((times[k + w] - times[k]) / w for k in range(len(times) - w))
 
