@@ -10,8 +10,10 @@ weights versions get into the policy is in :mod:`daskrl.worker._weights_cache`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +33,10 @@ from daskrl.worker._weights_cache import WeightsCache, WeightsRef
 __all__ = ["CollectorPlugin", "collector_plugin"]
 
 logger = logging.getLogger(__name__)
+
+TEARDOWN_WAIT_S = 10.0
+"""How long a worker's teardown waits for the collector's running batches to end (committed or
+discarded) before it leaves them to finish on their own (within the learner's call_timeout)."""
 
 
 class CollectorPlugin(WorkerPlugin):
@@ -110,12 +116,18 @@ class CollectorPlugin(WorkerPlugin):
         for spec in self.envs:
             check_may_start_processes(spec, f"worker {self.worker_address}")
 
-    def teardown(self, worker: Worker) -> None:
+    async def teardown(self, worker: Worker) -> None:
         # Runs on the worker's event loop, maybe while a batch of this collector still runs
-        # (a cancelled task runs on to its end): what that batch uses is left to it, and it
-        # closes it when it ends (collect_batch). Closed from here, an AsyncVectorEnv mid-call
-        # would have two threads reading its pipes, and a single env could be freed mid-step.
+        # (a cancelled task runs on to its end, and commits if its write had begun). Waiting
+        # for it (bounded) means the store gains nothing once the collector has closed. What a
+        # batch still running after that uses is left to it, and it closes it when it ends
+        # (collect_batch): closed from here, an AsyncVectorEnv mid-call would have two threads
+        # reading its pipes, and a single env could be freed mid-step.
         self.closed = True
+        deadline = time.monotonic() + TEARDOWN_WAIT_S
+        while (any(lock.locked() for lock in list(self._stream_locks.values()))
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.01)
         self.close_idle()
 
     def close_idle(self) -> None:
