@@ -163,6 +163,9 @@ class EnvSet:
         # are not changed until the policy has returned); elsewhere they are copied over.
         on_cpu = device.type == "cpu"
         obs_in = [torch.from_numpy(cur) for cur in self.obs] if on_cpu else []
+        # One leaf (no Dict or Tuple space): each env's observation is checked and stored here,
+        # without :meth:`_put_obs` (which takes over for anything but an array of its shape).
+        flat_shape = None if self.obs_layout.structured else self.obs_layout.leaves[0].shape
         deadline = None if batch_timeout is None else time.monotonic() + batch_timeout
         no_grad = torch.inference_mode()
         t0 = time.perf_counter()
@@ -205,6 +208,14 @@ class EnvSet:
                 except Exception as e:
                     raise _env_error(f"env {self.spec.name} (env index {i}) raised in step() "
                                      f"at step {t} of batch {batch_id}", e) from e
+                if flat_shape is not None:
+                    try:
+                        ok = nobs.shape == flat_shape and nobs.dtype.kind in "biuf"
+                    except AttributeError:  # not an array: _put_obs checks it, or names it
+                        ok = False
+                    if ok:
+                        next_obs[0][i] = nobs
+                        continue
                 self._put_obs(next_obs, i, nobs, t, batch_id, "step()")
             # One conversion per step checks all envs' outputs at once; only a wrong one takes
             # the slow path that finds and names it.
@@ -228,7 +239,7 @@ class EnvSet:
             if keep_infos:
                 recorder.record(t, infos, done=term_a | trunc_a)
             if True in terminated or True in truncated:  # (bools, or 0/1: checked above)
-                ended = np.flatnonzero(term_a | trunc_a).tolist()
+                ended = [i for i in range(E) if terminated[i] or truncated[i]]
                 if not keep_infos:
                     recorder.episode_ends(ended, infos, t)
                 for i in ended:
