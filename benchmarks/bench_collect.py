@@ -7,6 +7,8 @@ For each env (CartPole-v1, Pendulum-v1 by default) and each worker count N (1 an
 * ceiling: N spawned processes, each with a plain list of 8 envs stepped in a loop (same-step
   autoreset, as daskrl does) and the policy under ``torch.inference_mode()``, copying every
   step into preallocated numpy arrays. One torch/OMP thread each, like a Dask nanny worker.
+  The policy has the same weights as daskrl's (:data:`POLICY_SEED`), and the tables give both
+  sides' episodes per 1,000 frames: the same workload, resets included.
   Envs and policy are built before a barrier; frames/s = all frames / slowest process's time.
 * daskrl: ``daskrl.Collector`` on the embedded cluster's set-up
   (``daskrl.deploy.local_cluster(N)``: N one-thread workers, TLS) started beforehand, in sync
@@ -20,7 +22,13 @@ the other (the cluster idles, started, while the ceiling runs), so that each rat
 runs seconds apart: a shared machine's speed drifts by 10-20 % within minutes. The tables give
 the median ratio over the repeats and its range.
 
-"quickest" is a second ratio, for a machine whose speed swings faster than a run lasts: each
+"steady" is the ratio of a long run's rates: each daskrl worker's handles after its first, over
+the time from its first handle to its last, against each ceiling process's batches after its
+first (summed over workers and processes). It leaves out what a run pays once: the pipeline's
+fill (the first batch's task, weights and hand-over) on daskrl's side, the first batch's
+warm-up on the ceiling's. ``bench_startup.py`` measures the start.
+
+"quickest" is a third ratio, for a machine whose speed swings faster than a run lasts: each
 worker's quickest batches, as the learner got them (every cost of a batch included: its task,
 rollout, write and hand-over), against each ceiling process's quickest batch-sized stretch of
 steps, over all repeats (:func:`quickest_batch`). It compares the two where the machine slowed
@@ -107,11 +115,20 @@ class GreedyMLP(torch.nn.Module):
         return {"action": self.center + self.scale * torch.tanh(x)}
 
 
+POLICY_SEED = 0
+"""Every policy of a workload has the weights this seed gives: the ceiling's processes and
+daskrl's learner run the same network. (With other weights a greedy CartPole policy ends its
+episodes at another rate, and a reset costs more than a step: measured 5 % apart.)"""
+
+
 def make_policy(kind: str, obs_space: gym.Space, act_space: gym.Space) -> torch.nn.Module:
-    """``MLPPolicy(hidden=HIDDEN)`` (``"sampling"``) or its :class:`GreedyMLP`."""
-    if kind == "greedy":
-        return GreedyMLP(obs_space, act_space)
-    return MLPPolicy(obs_space, act_space, hidden=HIDDEN)
+    """``MLPPolicy(hidden=HIDDEN)`` (``"sampling"``) or its :class:`GreedyMLP`, with the
+    weights of :data:`POLICY_SEED` (the caller's random state is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(POLICY_SEED)
+        if kind == "greedy":
+            return GreedyMLP(obs_space, act_space)
+        return MLPPolicy(obs_space, act_space, hidden=HIDDEN)
 
 
 def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results,
@@ -128,6 +145,7 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results,
     buf = _ceiling_buffers(steps, obs, act_space, discrete)
     barrier.wait()
     batch_ends: list[float] = []
+    episodes = 0
     t0 = time.perf_counter()
     for t in range(steps):
         if t % BATCH_STEPS == 0:
@@ -145,9 +163,14 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results,
             buf["reward"][t, i] = r
             buf["terminated"][t, i] = term
             buf["truncated"][t, i] = trunc
-            obs[i] = env.reset()[0] if term or trunc else nobs
+            if term or trunc:
+                obs[i] = env.reset()[0]
+                episodes += 1
+            else:
+                obs[i] = nobs
     end = time.perf_counter()
-    results.put((end - t0, quickest_batch([*batch_ends, end])))
+    results.put((end - t0, quickest_batch([*batch_ends, end]), episodes,
+                 steady_batch([*batch_ends, end])))
 
 
 def default_vector_envs() -> list[str]:
@@ -177,7 +200,7 @@ def vector_ceiling_loop(spec: str, steps: int, seed: int, barrier, results) -> N
     torch.manual_seed(seed)
     venv = make_vector_env(spec, seed)
     obs_space, act_space = venv.single_observation_space, venv.single_action_space
-    policy = MLPPolicy(obs_space, act_space, hidden=HIDDEN)
+    policy = make_policy("sampling", obs_space, act_space)
     discrete = isinstance(act_space, gym.spaces.Discrete)
     obs, _ = venv.reset(seed=None if spec.startswith("envpool:") else seed)
     buf = _ceiling_buffers(steps, obs, act_space, discrete)
@@ -199,7 +222,9 @@ def vector_ceiling_loop(spec: str, steps: int, seed: int, barrier, results) -> N
         buf["terminated"][t] = term
         buf["truncated"][t] = trunc
     end = time.perf_counter()
-    results.put((end - t0, quickest_batch([*batch_ends, end])))
+    episodes = int(np.count_nonzero(buf["terminated"] | buf["truncated"]))
+    results.put((end - t0, quickest_batch([*batch_ends, end]), episodes,
+                 steady_batch([*batch_ends, end])))
     venv.close()
 
 
@@ -218,10 +243,18 @@ def quickest_batch(times: list[float]) -> float:
     return min((times[k + w] - times[k]) / w for k in range(len(times) - w))
 
 
+def steady_batch(times: list[float]) -> float:
+    """Seconds per batch after the first, from ``times`` (the start, then the end of each
+    batch): the rate of a long run, without the first batch's warm-up (or, for daskrl, the
+    pipeline's fill: ``times`` are the handles' arrivals)."""
+    return (times[-1] - times[1]) / (len(times) - 2)
+
+
 def run_ceiling(env_id: str, n: int, steps: int, loop=ceiling_loop, *extra
-                ) -> tuple[float, list[float]]:
-    """Frames/s of ``n`` ceiling processes running at once, and each process's quickest
-    batch-sized stretch of steps (seconds)."""
+                ) -> tuple[float, list[float], float, float]:
+    """Frames/s of ``n`` ceiling processes running at once, each process's quickest
+    batch-sized stretch of steps (seconds), the episodes they ended per 1,000 frames, and
+    their steady frames/s (:func:`steady_batch`, summed)."""
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(n), ctx.Queue()
     saved = {k: os.environ.get(k) for k in THREAD_VARS}
@@ -239,12 +272,14 @@ def run_ceiling(env_id: str, n: int, steps: int, loop=ceiling_loop, *extra
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    times, quickest = zip(*(results.get(timeout=600) for _ in procs))
+    times, quickest, episodes, steady = zip(*(results.get(timeout=600) for _ in procs))
     for p in procs:
         p.join()
         if p.exitcode:
             raise RuntimeError(f"ceiling process exited with {p.exitcode}")
-    return n * steps * ENVS_PER_WORKER / max(times), sorted(quickest)
+    frames = n * steps * ENVS_PER_WORKER
+    return (frames / max(times), sorted(quickest), 1000 * sum(episodes) / frames,
+            sum(FRAMES_PER_BATCH / s for s in steady))
 
 
 def _envpool_factory(env_id: str):
@@ -308,9 +343,14 @@ def run_daskrl(client: Client, workload: tuple[object, torch.nn.Module, dict], u
         "other_s_per_batch": wall * n / len(handles) - (rollout + write) / len(handles),
         "rollout_fps_per_worker": frames / rollout,
         "store_bytes_per_frame": stored / frames,
+        # the workload's episode rate, to compare with the ceiling's (same policy weights)
+        "episodes_per_kframe": 1000 * sum(len(h.episode_lengths) for h in handles) / frames,
         # per worker, its quickest batches as the learner got them (its first from the start):
         # a batch's whole cost, pipeline included, when the machine did not slow it
         "quickest_s": sorted(quickest_batch(a) for a in arrivals.values()),
+        # each worker's handles after its first, over the time since it (summed): a long
+        # run's rate, without the first batch's latency (start-up is bench_startup's)
+        "steady_fps": sum(FRAMES_PER_BATCH / steady_batch(a) for a in arrivals.values()),
     }
 
 
@@ -325,11 +365,14 @@ def summary(runs: list[dict], ceilings: list[tuple[float, list[float]]]) -> dict
     before it), with every repeat's ratio, and the ratio of quickest batches (see
     :func:`quickest_fps`)."""
     ratios = [r["fps"] / c[0] for r, c in zip(runs, ceilings)]
+    steady = [r["steady_fps"] / c[3] for r, c in zip(runs, ceilings)]
     median = sorted(range(len(runs)), key=lambda i: ratios[i])[len(runs) // 2]
     quickest = (quickest_fps([r["quickest_s"] for r in runs])
                 / quickest_fps([c[1] for c in ceilings]))
     return {**runs[median], "ratio": float(np.median(ratios)), "ratios": ratios,
-            "ceiling_fps": ceilings[median][0], "quickest_ratio": quickest}
+            "ceiling_fps": ceilings[median][0], "quickest_ratio": quickest,
+            "ceiling_episodes_per_kframe": float(np.median([c[2] for c in ceilings])),
+            "steady_ratio": float(np.median(steady)), "steady_ratios": steady}
 
 
 def spread(ratios: list[float]) -> str:
@@ -377,9 +420,10 @@ def main() -> None:
     workloads = [(e, k) for e in args.envs for k in args.policies]
     b = args.batches_per_worker
     for n in args.workers:
-        ceilings: dict[tuple[str, str], list[tuple[float, list[float]]]] = {
+        ceilings: dict[tuple[str, str], list[tuple[float, list[float], float, float]]] = {
             w: [] for w in workloads}
-        vector_ceilings: dict[str, list[tuple[float, list[float]]]] = {e: [] for e in vector_envs}
+        vector_ceilings: dict[str, list[tuple[float, list[float], float, float]]] = {
+            e: [] for e in vector_envs}
         runs: dict[tuple[str, str], dict[str, list[dict]]] = {
             w: {"sync": [], "async": [], "sync_no_tls": []} for w in workloads}
         vector_runs: dict[str, list[dict]] = {e: [] for e in vector_envs}
@@ -415,9 +459,10 @@ def main() -> None:
             results.append({"env": w[0], "policy": w[1], "workers": n,
                             "ceiling_fps": float(np.median([c[0] for c in ceilings[w]])), **r})
             print(f"  done {w[0]} {w[1]} N={n}: sync/ceiling {spread(r['sync']['ratios'])} "
-                  f"(quickest {r['sync']['quickest_ratio']:.2f}), async/ceiling "
-                  f"{spread(r['async']['ratios'])} (quickest {r['async']['quickest_ratio']:.2f})",
-                  flush=True)
+                  f"(steady {spread(r['sync']['steady_ratios'])}, quickest "
+                  f"{r['sync']['quickest_ratio']:.2f}), async/ceiling "
+                  f"{spread(r['async']['ratios'])} (steady {spread(r['async']['steady_ratios'])}"
+                  f", quickest {r['async']['quickest_ratio']:.2f})", flush=True)
         for e in vector_envs:
             r = {"env": e, "workers": n,
                  "ceiling_fps": float(np.median([c[0] for c in vector_ceilings[e]])),
@@ -427,16 +472,18 @@ def main() -> None:
                 r["single_sync_fps"] = summaries[e, "sampling"]["sync"]["fps"]
             vector_results.append(r)
             print(f"  done vector {e} N={n}: daskrl/ceiling {spread(r['sync']['ratios'])} "
-                  f"(quickest {r['sync']['quickest_ratio']:.2f})", flush=True)
+                  f"(steady {spread(r['sync']['steady_ratios'])}, quickest "
+                  f"{r['sync']['quickest_ratio']:.2f})", flush=True)
 
     print()
     print_table(["env", "policy", "workers", "ceiling frames/s", "daskrl sync", "sync/ceiling",
-                 "quickest", "daskrl async", "async/ceiling", "quickest", "sync no TLS",
-                 "TLS/no TLS"],
+                 "steady", "quickest", "daskrl async", "async/ceiling", "steady", "quickest",
+                 "sync no TLS", "TLS/no TLS"],
                 [[r["env"], r["policy"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
-                  spread(r["sync"]["ratios"]), f"{r['sync']['quickest_ratio']:.2f}",
+                  spread(r["sync"]["ratios"]), spread(r["sync"]["steady_ratios"]),
+                  f"{r['sync']['quickest_ratio']:.2f}",
                   r["async"]["fps"], spread(r["async"]["ratios"]),
-                  f"{r['async']['quickest_ratio']:.2f}",
+                  spread(r["async"]["steady_ratios"]), f"{r['async']['quickest_ratio']:.2f}",
                   r["sync_no_tls"]["fps"] if "sync_no_tls" in r else "-",
                   f"{r['sync']['fps'] / r['sync_no_tls']['fps']:.2f}"
                   if "sync_no_tls" in r else "-"] for r in results])
@@ -444,24 +491,31 @@ def main() -> None:
         print("\nvector envs (8 sub-envs per worker, sync mode; ceiling: the same vector env "
               "in a plain loop):")
         print_table(["env", "workers", "vector ceiling", "daskrl vector", "daskrl/ceiling",
-                     "quickest", "store bytes/frame", "single-env ceiling", "vector/single ceiling",
-                     "daskrl vector/single"],
+                     "steady", "quickest", "store bytes/frame", "single-env ceiling",
+                     "vector/single ceiling", "daskrl vector/single"],
                     [[r["env"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
-                      spread(r["sync"]["ratios"]), f"{r['sync']['quickest_ratio']:.2f}",
+                      spread(r["sync"]["ratios"]), spread(r["sync"]["steady_ratios"]),
+                      f"{r['sync']['quickest_ratio']:.2f}",
                       f"{r['sync']['store_bytes_per_frame']:.1f}",
                       r.get("single_ceiling_fps", "-"),
                       f"{r['ceiling_fps'] / r['single_ceiling_fps']:.2f}"
                       if "single_ceiling_fps" in r else "-",
                       f"{r['sync']['fps'] / r['single_sync_fps']:.2f}"
                       if "single_sync_fps" in r else "-"] for r in vector_results])
-    print("\ndaskrl time per batch (seconds, per worker):")
-    print_table(["env", "workers", "mode", "rollout", "write", "other", "rollout frames/s/worker"],
+    print("\ndaskrl time per batch (seconds, per worker), and the episodes ended per 1,000 "
+          "frames by daskrl and by the ceiling (the same policy weights: the same workload):")
+    print_table(["env", "workers", "mode", "rollout", "write", "other", "rollout frames/s/worker",
+                 "episodes/1k", "ceiling episodes/1k"],
                 [[f"{r['env']} {r['policy']}", r["workers"], mode, r[mode]["rollout_s_per_batch"],
                   r[mode]["write_s_per_batch"], r[mode]["other_s_per_batch"],
-                  r[mode]["rollout_fps_per_worker"]] for r in results for mode in ("sync", "async")]
+                  r[mode]["rollout_fps_per_worker"], f"{r[mode]['episodes_per_kframe']:.1f}",
+                  f"{r[mode]['ceiling_episodes_per_kframe']:.1f}"]
+                 for r in results for mode in ("sync", "async")]
                 + [[f"{r['env']} (vector)", r["workers"], "sync", r["sync"]["rollout_s_per_batch"],
                     r["sync"]["write_s_per_batch"], r["sync"]["other_s_per_batch"],
-                    r["sync"]["rollout_fps_per_worker"]] for r in vector_results])
+                    r["sync"]["rollout_fps_per_worker"],
+                    f"{r['sync']['episodes_per_kframe']:.1f}",
+                    f"{r['sync']['ceiling_episodes_per_kframe']:.1f}"] for r in vector_results])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu_count": os.cpu_count(), "batches_per_worker": args.batches_per_worker,
