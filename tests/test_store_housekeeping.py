@@ -56,6 +56,44 @@ def test_delete_and_keep_last_under_a_reader(tmp_path):
     assert [a[:20] for a in store.collect_garbage(older_than=0).attempts] == ["batches/000000000002"]
 
 
+
+_OPENED: list[str] | None = None  # while a list: the paths this process opens (audit hook)
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _OPENED is not None and event == "open" and isinstance(args[0], str):
+        _OPENED.append(args[0])
+
+
+sys.addaudithook(_audit)
+
+
+def test_a_listed_record_is_rechecked_by_identity_and_reread_when_changed(tmp_path):
+    """After a read, a record the listing read is checked as the same file, unchanged (one
+    lstat, no read); a record changed since (its times) is read again, and a deletion found."""
+    global _OPENED
+    url = str(tmp_path / "s")
+    _write(url, 3)
+    reader = daskrl.open_store(url)
+    assert reader.batch_ids() == [0, 1, 2]
+    record = tmp_path / "s" / "commits" / "000000000001" / "zarr.json"
+    _OPENED = []
+    try:
+        assert reader.load(1)["reward"].shape == (16, 2)
+        assert not [p for p in _OPENED if p.endswith(str(record))]  # the data only
+        st = record.stat()
+        record.write_bytes(record.read_bytes())  # the same record, written again in place
+        assert record.stat().st_ino == st.st_ino
+        _OPENED.clear()
+        assert reader.load(1)["reward"].shape == (16, 2)
+        assert [p for p in _OPENED if p.endswith(str(record))] == [str(record)]  # read again
+    finally:
+        _OPENED = None
+    record.unlink()  # deletion's first step, under a reader that listed the batch
+    with pytest.raises(daskrl.BatchNotFoundError, match="was deleted while it was being read"):
+        reader.load(1)
+    assert reader.load(2)["reward"].shape == (16, 2)
+
 def _cli(*args, pre=""):
     code = f"{pre}import sys; from daskrl.cli import main; sys.exit(main({list(args)!r}))"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)

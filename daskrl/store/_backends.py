@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +57,9 @@ class Backend(Protocol):
 
     def read_document(self, key: str, limit: int, checked: set[str] | None = None
                       ) -> bytes | None: ...
+    def read_document_identified(self, key: str, limit: int, checked: set[str] | None = None
+                                 ) -> tuple[bytes | None, Hashable | None]: ...
+    def identity(self, key: str) -> Hashable | None: ...
     def put(self, key: str, data: bytes) -> None: ...
     def create_exclusive(self, key: str, data: bytes) -> bool: ...
     def write_container(self, key: str, batch: EncodedBatch) -> None: ...
@@ -102,6 +105,17 @@ class LocalBackend:
     def read_document(self, key: str, limit: int, checked: set[str] | None = None
                       ) -> bytes | None:
         return local_io.read_file(self.root, key, limit, checked)
+
+    def read_document_identified(self, key: str, limit: int, checked: set[str] | None = None
+                                 ) -> tuple[bytes | None, Hashable | None]:
+        """The document and the identity of the file it was read from (see :meth:`identity`)."""
+        got = local_io.read_file_identified(self.root, key, limit, checked)
+        return (None, None) if got is None else got
+
+    def identity(self, key: str) -> Hashable | None:
+        """Device, inode, size and times of the file ``key`` (one ``lstat``): unchanged, the
+        file holds what was read when it had this identity; None if it is missing."""
+        return local_io.file_identity(self.root, key)
 
     def put(self, key: str, data: bytes) -> None:
         """Write ``key`` atomically (a temporary file renamed over it)."""
@@ -294,6 +308,13 @@ class FsspecBackend:
     def _key(self, path: str) -> str:
         path = path.rstrip("/")
         return path[len(self.base) + 1:] if self.base else path
+
+    def read_document_identified(self, key: str, limit: int, checked: set[str] | None = None
+                                 ) -> tuple[bytes | None, Hashable | None]:
+        return self.read_document(key, limit, checked), None  # no identity: always re-read
+
+    def identity(self, key: str) -> Hashable | None:
+        return None
 
     def read_document(self, key: str, limit: int, checked: set[str] | None = None
                       ) -> bytes | None:

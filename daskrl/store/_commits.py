@@ -4,6 +4,7 @@ a store, listed and checked; a batch is seen whole or not at all."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Hashable
 from typing import Any
 
 from daskrl.errors import (
@@ -33,6 +34,8 @@ class CommitIndex:
         self.docs = docs
         self.url = docs.url
         self.commits: dict[int, dict[str, Any]] = {}
+        self.identities: dict[int, Hashable] = {}
+        """The identity of each record in ``commits`` as it was read (local stores)."""
         self.skipped: dict[int, str] = {}
         """Commit records that cannot be read, by batch id: why."""
         self.skipped_runs: dict[int, str] = {}
@@ -47,16 +50,19 @@ class CommitIndex:
             listed = {b for b in listed if backend.entry_exists(commit_key(b))}
         for bid in set(self.commits) - listed:
             del self.commits[bid]
+            self.identities.pop(bid, None)
         for bid in set(self.skipped) - listed:
             del self.skipped[bid]
         fresh = []
         for bid in sorted(listed - set(self.commits)):  # new records, and bad ones again
             key = commit_key(bid)
             try:
-                doc = self.docs.get(key, "commit record ")
+                doc, ident = self.docs.get_identified(key, "commit record ")
                 if doc is not None:
                     self.commits[bid] = check_commit_record(
                         doc, bid, f"commit record {key!r} of store {self.url!r}")
+                    if ident is not None:
+                        self.identities[bid] = ident
                 self.skipped.pop(bid, None)  # repaired, or gone
             except StoreFormatError as e:  # one bad record must not hide the good ones
                 if bid not in self.skipped:
@@ -119,13 +125,20 @@ class CommitIndex:
 
     def check_still_committed(self, batch_id: int | None, path: str) -> None:
         """Raise :class:`BatchNotFoundError` unless the commit record of ``batch_id`` names
-        ``path`` now (re-read)."""
+        ``path`` now: re-read, or, for a record read by the listing, found to be the same file,
+        unchanged (its identity: inode, size, times)."""
         if batch_id is None:
             return
-        rec = self.docs.get(commit_key(batch_id))
+        key = commit_key(batch_id)
+        known = self.identities.get(batch_id)
+        if known is not None and self.commits.get(batch_id, {}).get("path") == path and \
+                self.docs.identity(key) == known:
+            return  # the record read at the listing, unchanged since (one lstat, no read)
+        rec = self.docs.get(key)
         attrs = rec.get("attributes") if rec is not None else None
         if not isinstance(attrs, dict) or attrs.get("path") != path:
             self.commits.pop(batch_id, None)
+            self.identities.pop(batch_id, None)
             raise BatchNotFoundError(
                 f"batch {batch_id} of {self.url!r} was deleted while it was being read "
                 f"({path!r} is no longer committed)."

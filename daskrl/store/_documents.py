@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from daskrl.errors import StoreError, StoreFormatError, StoreURLError
@@ -42,10 +42,16 @@ class Documents:
         most :data:`~daskrl.store._format.local_io.MAX_DOCUMENT_BYTES` (:class:`StoreFormatError`
         otherwise, naming the document, ``what`` it is, and the store). An I/O error (or a
         backend refusing its options) is a :class:`StoreError` naming the store."""
+        return self.get_identified(key, what)[0]
+
+    def get_identified(self, key: str, what: str = ""
+                       ) -> tuple[dict[str, Any] | None, Hashable | None]:
+        """:meth:`get`, and the identity of what was read (the backend's ``identity``; None
+        where the backend has none)."""
         where = f"{what}{key!r} of store {self.url!r}"
         limit = local_io.MAX_DOCUMENT_BYTES
         try:
-            raw = self.backend.read_document(key, limit, self.checked)
+            raw, ident = self.backend.read_document_identified(key, limit, self.checked)
         except local_io.UnsafeFileError as e:
             raise local_io.UnsafeFileError(f"{where}: {e}") from None
         except StoreError:
@@ -55,7 +61,14 @@ class Documents:
         if raw is not None and len(raw) > limit:
             raise StoreFormatError(f"{where} holds more than {limit} bytes; a document holds "
                                    "at most that")
-        return None if raw is None else parse_document(raw, where)
+        return (None, None) if raw is None else (parse_document(raw, where), ident)
+
+    def identity(self, key: str) -> Hashable | None:
+        """The backend's identity of ``key`` now (None: missing, or the backend has none)."""
+        try:
+            return self.backend.identity(key)
+        except OSError:
+            return None  # the caller reads the document itself, and reports what is wrong
 
     def put(self, key: str, doc: Mapping[str, Any]) -> None:
         """Write ``doc`` at ``key`` (atomically replacing what is there)."""

@@ -102,6 +102,7 @@ class Housekeeping:
                 logger.warning("deleting the damaged commit record of batch %d: %s", bid, e)
                 rec = {}  # container, named by no record now, is garbage (collect_garbage)
             self.index.commits.pop(bid, None)
+            self.index.identities.pop(bid, None)
             if rec is None:
                 continue
             self.backend.delete(commit_key(bid))  # the batch is gone from here on

@@ -28,9 +28,9 @@ from typing import Any
 
 from daskrl.errors import StoreFormatError
 
-__all__ = ["MAX_DOCUMENT_BYTES", "UnsafeFileError", "check_dirs", "create_exclusive", "listdir",
-           "open_regular", "read_file", "thread_pool", "write_new_file",
-           "write_new_file_at"]
+__all__ = ["MAX_DOCUMENT_BYTES", "FileIdentity", "UnsafeFileError", "check_dirs",
+           "create_exclusive", "file_identity", "listdir", "open_regular", "read_file",
+           "read_file_identified", "thread_pool", "write_new_file", "write_new_file_at"]
 
 _IOV_MAX = 512
 _POOLS: dict[str, tuple[int, concurrent.futures.ThreadPoolExecutor]] = {}
@@ -136,6 +136,30 @@ def read_file(root: Path | str, key: str, max_bytes: int = MAX_DOCUMENT_BYTES,
     """Contents of the regular file ``root/key`` (see :func:`open_regular`); None if it does
     not exist.  Raises :class:`UnsafeFileError` for a link or special file, or a file of more
     than ``max_bytes``."""
+    got = read_file_identified(root, key, max_bytes, checked)
+    return None if got is None else got[0]
+
+
+FileIdentity = tuple[int, int, int, int, int]
+"""``(device, inode, size, mtime_ns, ctime_ns)`` of a file: a write in place changes the times
+(the ctime cannot be set back), a replacement the inode."""
+
+
+def identity(st: os.stat_result) -> FileIdentity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def file_identity(root: Path | str, key: str) -> FileIdentity | None:
+    """The identity of ``root/key`` itself (a link's own, not its target's); None if missing."""
+    try:
+        return identity(os.lstat(os.path.join(root, key)))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def read_file_identified(root: Path | str, key: str, max_bytes: int = MAX_DOCUMENT_BYTES,
+                         checked: set[str] | None = None) -> tuple[bytes, FileIdentity] | None:
+    """:func:`read_file`, with the identity of the file read (from its open descriptor)."""
     try:
         fd, st = _open_regular(root, key, checked)
     except (FileNotFoundError, NotADirectoryError):
@@ -154,7 +178,7 @@ def read_file(root: Path | str, key: str, max_bytes: int = MAX_DOCUMENT_BYTES,
         if len(data) > max_bytes:
             raise UnsafeFileError(f"{key!r} in the store holds more than {max_bytes} bytes; "
                                   "a document holds at most that")
-        return data
+        return data, identity(st)  # as opened: a change since shows as another identity
     finally:
         os.close(fd)
 
