@@ -145,14 +145,14 @@ FileIdentity = tuple[int, int, int, int, int]
 (the ctime cannot be set back), a replacement the inode."""
 
 
-def identity(st: os.stat_result) -> FileIdentity:
+def _identity(st: os.stat_result) -> FileIdentity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def file_identity(root: Path | str, key: str) -> FileIdentity | None:
     """The identity of ``root/key`` itself (a link's own, not its target's); None if missing."""
     try:
-        return identity(os.lstat(os.path.join(root, key)))
+        return _identity(os.lstat(os.path.join(root, key)))
     except (FileNotFoundError, NotADirectoryError):
         return None
 
@@ -178,7 +178,7 @@ def read_file_identified(root: Path | str, key: str, max_bytes: int = MAX_DOCUME
         if len(data) > max_bytes:
             raise UnsafeFileError(f"{key!r} in the store holds more than {max_bytes} bytes; "
                                   "a document holds at most that")
-        return data, identity(st)  # as opened: a change since shows as another identity
+        return data, _identity(st)  # as opened: a change since shows as another identity
     finally:
         os.close(fd)
 
