@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -56,7 +57,6 @@ def test_delete_and_keep_last_under_a_reader(tmp_path):
     assert [a[:20] for a in store.collect_garbage(older_than=0).attempts] == ["batches/000000000002"]
 
 
-
 _OPENED: list[str] | None = None  # while a list: the paths this process opens (audit hook)
 
 
@@ -82,6 +82,7 @@ def test_a_listed_record_is_rechecked_by_identity_and_reread_when_changed(tmp_pa
         assert reader.load(1)["reward"].shape == (16, 2)
         assert not [p for p in _OPENED if p.endswith(str(record))]  # the data only
         st = record.stat()
+        time.sleep(0.05)  # past the file system's timestamp granularity (a few ms at most)
         record.write_bytes(record.read_bytes())  # the same record, written again in place
         assert record.stat().st_ino == st.st_ino
         _OPENED.clear()
