@@ -59,6 +59,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -168,9 +169,8 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results,
                 episodes += 1
             else:
                 obs[i] = nobs
-    end = time.perf_counter()
-    results.put((end - t0, quickest_batch([*batch_ends, end]), episodes,
-                 steady_batch([*batch_ends, end])))
+    times = [*batch_ends, time.perf_counter()]
+    results.put((times[-1] - t0, quickest_batch(times), episodes, steady_batch(times)))
 
 
 def default_vector_envs() -> list[str]:
@@ -221,10 +221,9 @@ def vector_ceiling_loop(spec: str, steps: int, seed: int, barrier, results) -> N
         buf["reward"][t] = r
         buf["terminated"][t] = term
         buf["truncated"][t] = trunc
-    end = time.perf_counter()
+    times = [*batch_ends, time.perf_counter()]
     episodes = int(np.count_nonzero(buf["terminated"] | buf["truncated"]))
-    results.put((end - t0, quickest_batch([*batch_ends, end]), episodes,
-                 steady_batch([*batch_ends, end])))
+    results.put((times[-1] - t0, quickest_batch(times), episodes, steady_batch(times)))
     venv.close()
 
 
@@ -251,11 +250,21 @@ def steady_batch(times: list[float], first: int = 1) -> float:
     return (times[-1] - times[first]) / (len(times) - 1 - first)
 
 
-def run_ceiling(env_id: str, n: int, steps: int, loop=ceiling_loop, *extra
-                ) -> tuple[float, list[float], float, float]:
-    """Frames/s of ``n`` ceiling processes running at once, each process's quickest
-    batch-sized stretch of steps (seconds), the episodes they ended per 1,000 frames, and
-    their steady frames/s (:func:`steady_batch`, summed)."""
+class Ceiling(NamedTuple):
+    """One run of ``n`` ceiling processes at once."""
+
+    fps: float
+    """All frames over the slowest process's time."""
+    quickest: list[float]
+    """Each process's quickest batch-sized stretch of steps (seconds), sorted."""
+    episodes_per_kframe: float
+    """Episodes they ended per 1,000 frames."""
+    steady_fps: float
+    """Their steady frames/s (:func:`steady_batch`, summed)."""
+
+
+def run_ceiling(env_id: str, n: int, steps: int, loop=ceiling_loop, *extra) -> Ceiling:
+    """A run of ``n`` ceiling processes running at once (:class:`Ceiling`)."""
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(n), ctx.Queue()
     saved = {k: os.environ.get(k) for k in THREAD_VARS}
@@ -279,8 +288,8 @@ def run_ceiling(env_id: str, n: int, steps: int, loop=ceiling_loop, *extra
         if p.exitcode:
             raise RuntimeError(f"ceiling process exited with {p.exitcode}")
     frames = n * steps * ENVS_PER_WORKER
-    return (frames / max(times), sorted(quickest), 1000 * sum(episodes) / frames,
-            sum(FRAMES_PER_BATCH / s for s in steady))
+    return Ceiling(frames / max(times), sorted(quickest), 1000 * sum(episodes) / frames,
+                   sum(FRAMES_PER_BATCH / s for s in steady))
 
 
 def _envpool_factory(env_id: str):
@@ -319,7 +328,7 @@ def run_daskrl(client: Client, workload: tuple[object, torch.nn.Module, dict], u
     """One collector run of ``batches`` batches per worker into a new store at ``url``,
     timed from just before iterating to the last handle (``batches=2``: a warm-up)."""
     env, policy, kw = workload
-    n = kw["num_workers"]
+    n, per_task = kw["num_workers"], kw["batches_per_task"]
     collector = Collector(env, policy, url, client=client, sync=sync,
                           total_frames=batches * n * FRAMES_PER_BATCH, **kw)
     arrivals: dict[str, list[float]] = {}  # worker -> when the learner got each of its handles
@@ -350,12 +359,11 @@ def run_daskrl(client: Client, workload: tuple[object, torch.nn.Module, dict], u
         # per worker, its quickest batches as the learner got them (its first from the start):
         # a batch's whole cost, pipeline included, when the machine did not slow it
         # (a task's handles arrive together: the window spans QUICKEST_WINDOW tasks)
-        "quickest_s": sorted(quickest_batch(a, QUICKEST_WINDOW * kw.get("batches_per_task", 1))
+        "quickest_s": sorted(quickest_batch(a, QUICKEST_WINDOW * per_task)
                              for a in arrivals.values()),
-        # each worker's handles after its first, over the time since it (summed): a long
-        # run's rate, without the first batch's latency (start-up is bench_startup's)
-        "steady_fps": sum(FRAMES_PER_BATCH / steady_batch(a, kw.get("batches_per_task", 1))
-                          for a in arrivals.values()),
+        # each worker's handles after its first task's, over the time since (summed): a long
+        # run's rate, without the first task's latency (start-up is bench_startup's)
+        "steady_fps": sum(FRAMES_PER_BATCH / steady_batch(a, per_task) for a in arrivals.values()),
     }
 
 
@@ -365,18 +373,19 @@ def quickest_fps(quickest: list[list[float]]) -> float:
     return sum(FRAMES_PER_BATCH / min(ts) for ts in zip(*quickest))
 
 
-def summary(runs: list[dict], ceilings: list[tuple[float, list[float]]]) -> dict:
+def summary(runs: list[dict], ceilings: list[Ceiling]) -> dict:
     """The median run of a workload's repeats (by its ratio to the ceiling measured just
     before it), with every repeat's ratio, and the ratio of quickest batches (see
     :func:`quickest_fps`)."""
-    ratios = [r["fps"] / c[0] for r, c in zip(runs, ceilings)]
-    steady = [r["steady_fps"] / c[3] for r, c in zip(runs, ceilings)]
+    ratios = [r["fps"] / c.fps for r, c in zip(runs, ceilings)]
+    steady = [r["steady_fps"] / c.steady_fps for r, c in zip(runs, ceilings)]
     median = sorted(range(len(runs)), key=lambda i: ratios[i])[len(runs) // 2]
     quickest = (quickest_fps([r["quickest_s"] for r in runs])
-                / quickest_fps([c[1] for c in ceilings]))
+                / quickest_fps([c.quickest for c in ceilings]))
     return {**runs[median], "ratio": float(np.median(ratios)), "ratios": ratios,
-            "ceiling_fps": ceilings[median][0], "quickest_ratio": quickest,
-            "ceiling_episodes_per_kframe": float(np.median([c[2] for c in ceilings])),
+            "ceiling_fps": ceilings[median].fps, "quickest_ratio": quickest,
+            "ceiling_episodes_per_kframe": float(np.median([c.episodes_per_kframe
+                                                            for c in ceilings])),
             "steady_ratio": float(np.median(steady)), "steady_ratios": steady}
 
 
@@ -429,10 +438,8 @@ def main() -> None:
     workloads = [(e, k) for e in args.envs for k in args.policies]
     b = args.batches_per_worker
     for n in args.workers:
-        ceilings: dict[tuple[str, str], list[tuple[float, list[float], float, float]]] = {
-            w: [] for w in workloads}
-        vector_ceilings: dict[str, list[tuple[float, list[float], float, float]]] = {
-            e: [] for e in vector_envs}
+        ceilings: dict[tuple[str, str], list[Ceiling]] = {w: [] for w in workloads}
+        vector_ceilings: dict[str, list[Ceiling]] = {e: [] for e in vector_envs}
         runs: dict[tuple[str, str], dict[str, list[dict]]] = {
             w: {"sync": [], "async": [], "sync_no_tls": []} for w in workloads}
         vector_runs: dict[str, list[dict]] = {e: [] for e in vector_envs}
@@ -469,7 +476,7 @@ def main() -> None:
             r = summaries[w] = {mode: summary(rs, ceilings[w]) for mode, rs in runs[w].items()
                                 if rs}
             results.append({"env": w[0], "policy": w[1], "workers": n,
-                            "ceiling_fps": float(np.median([c[0] for c in ceilings[w]])), **r})
+                            "ceiling_fps": float(np.median([c.fps for c in ceilings[w]])), **r})
             print(f"  done {w[0]} {w[1]} N={n}: sync/ceiling {spread(r['sync']['ratios'])} "
                   f"(steady {spread(r['sync']['steady_ratios'])}, quickest "
                   f"{r['sync']['quickest_ratio']:.2f}), async/ceiling "
@@ -477,10 +484,10 @@ def main() -> None:
                   f", quickest {r['async']['quickest_ratio']:.2f})", flush=True)
         for e in vector_envs:
             r = {"env": e, "workers": n,
-                 "ceiling_fps": float(np.median([c[0] for c in vector_ceilings[e]])),
+                 "ceiling_fps": float(np.median([c.fps for c in vector_ceilings[e]])),
                  "sync": summary(vector_runs[e], vector_ceilings[e])}
             if (e, "sampling") in ceilings:  # the same env as single envs
-                r["single_ceiling_fps"] = float(np.median([c[0] for c in ceilings[e, "sampling"]]))
+                r["single_ceiling_fps"] = float(np.median([c.fps for c in ceilings[e, "sampling"]]))
                 r["single_sync_fps"] = summaries[e, "sampling"]["sync"]["fps"]
             vector_results.append(r)
             print(f"  done vector {e} N={n}: daskrl/ceiling {spread(r['sync']['ratios'])} "
