@@ -147,6 +147,13 @@ class CollectorConfig:
         "flag": "by hand"})
     """Workers on the learner's machine read each weights version from one copy in shared
     memory instead of receiving it over a socket (Dask transfers for the others)."""
+    weights_in_store: bool = dataclasses.field(default=False, metadata={
+        "help": "write each weights version once to the store; workers read it from there, "
+                "once per host, instead of through Dask (clusters of many hosts)"})
+    """Each weights version is written once to the store (under ``runs/weights-<id>/``) and
+    read from there by the first worker of each host, which leaves it in the host's shared
+    memory for the others; the scheduler carries none of it. For clusters of many hosts on a
+    shared filesystem or object store; see ``docs/devices-and-weights.md``."""
     resume: bool | int = dataclasses.field(default=False, metadata={
         "help": "continue the store's latest run (or run RUN) after a crash: its committed "
                 "frames count toward total_frames; a store with no run starts a new one",
@@ -230,6 +237,9 @@ class CollectorConfig:
         check_seconds("call_timeout", self.call_timeout)
         if not isinstance(self.shared_memory, bool):
             raise ConfigError(f"shared_memory must be True or False, got {self.shared_memory!r}.")
+        if not isinstance(self.weights_in_store, bool):
+            raise ConfigError("weights_in_store must be True or False, got "
+                              f"{self.weights_in_store!r}.")
         object.__setattr__(self, "device", check_device_setting(self.device))
         object.__setattr__(self, "env_kwargs", check_mapping("env_kwargs", self.env_kwargs))
         object.__setattr__(self, "env_vars",
@@ -344,6 +354,7 @@ class CollectorOptions(TypedDict, total=False):
     lost_workers_timeout: float
     call_timeout: float
     shared_memory: bool
+    weights_in_store: bool
     resume: bool | int
     wrappers: tuple[str, ...] | list[str] | str
     info_keys: Sequence[str]

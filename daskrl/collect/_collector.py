@@ -39,6 +39,7 @@ from daskrl.errors import CollectorClosedError, ConfigError, UsageError
 from daskrl.loggers._protocol import LoggerLike
 from daskrl.store._handles import BatchHandle
 from daskrl.store._store import TrajectoryStore
+from daskrl.weights._in_store import StoreWeightsWriter
 from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import PolicyLike
 from daskrl.worker._envs import EnvLike
@@ -149,8 +150,10 @@ class Collector:
         self._asynchronous = bool(client.asynchronous)
         self._id = uuid.uuid4().hex[:10]
         self._plugin_name = f"daskrl-{self._id}"
+        in_store = (StoreWeightsWriter(self._store.backend, self._store.url, self._id)
+                    if cfg.weights_in_store else None)
         self._weights = WeightsPublisher(client, self._plugin_name, self._id,
-                                         shared_memory=cfg.shared_memory)
+                                         shared_memory=cfg.shared_memory, in_store=in_store)
         self._finalizer = weakref.finalize(self, finalize, client, own, self._asynchronous,
                                            self._plugin_name, self._weights, cfg.call_timeout)
         self._module: torch.nn.Module | None = module
@@ -241,7 +244,8 @@ class Collector:
     @property
     def weights_transport(self) -> str:
         """How weights reach workers now: ``"shared-memory"`` (workers on this machine read
-        one copy in place) or ``"dask"`` (each worker receives a copy over the network)."""
+        one copy in place), ``"dask"`` (each worker receives a copy over the network) or
+        ``"store"`` (``weights_in_store``: read from the store, once per host)."""
         return self._weights.transport
 
     @property

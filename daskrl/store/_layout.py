@@ -5,6 +5,9 @@
     <root>/zarr.json                        group; attributes["daskrl"] = format and version
     <root>/runs/<run:04d>/zarr.json         one group per collector run (its settings)
     <root>/runs/probe-<probe>/...           reachability markers (before a run is registered)
+    <root>/runs/weights-<collector>/v<version>-<nonce>
+                                            a weights version (``weights_in_store``), while
+                                            its collector runs
     <root>/batches/<id:012d>-<attempt>.zip  one zip container per write attempt
     <root>/commits/<id:012d>/zarr.json      commit record: which attempt is *the* batch
 
@@ -47,6 +50,8 @@ __all__ = [
     "root_attributes",
     "run_key",
     "run_of",
+    "weights_dir",
+    "weights_key",
 ]
 
 FORMAT_NAME = "daskrl.trajectories"
@@ -141,3 +146,13 @@ def probe_key(probe: str, name: str) -> str:
     """Key of ``name``'s reachability marker (a worker address made path-safe)."""
     slug = "".join(c if c.isalnum() else "-" for c in name)
     return f"{probe_dir(probe)}/{slug}/{GROUP_DOC}"
+
+
+def weights_dir(collector: str) -> str:
+    """Where collector ``collector`` keeps its weights versions (``weights_in_store``)."""
+    return f"{RUNS}/weights-{collector}"
+
+
+def weights_key(collector: str, version: int, nonce: str) -> str:
+    """Key of one weights version of ``collector`` (``nonce``: hex, new per write)."""
+    return f"{weights_dir(collector)}/v{version}-{nonce}"

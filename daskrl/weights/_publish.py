@@ -2,8 +2,8 @@
 
 :class:`WeightsPublisher` copies the policy's weights at each ``update_weights`` (into a
 shared-memory segment for workers on the learner's machine, else into the arrays of a released
-version), sends a version that goes through Dask to one responsive worker (its seed) and
-publishes it by name, preloads a version on every worker on request, falls back to Dask
+version), writes it to the store (``weights_in_store``) or sends a version that goes through
+Dask to one responsive worker (its seed) and publishes it by name, preloads a version on every worker on request, falls back to Dask
 transfers when a worker cannot read shared memory, scatters again a version lost with its
 worker, and unpublishes versions no batch needs any more.
 
@@ -24,6 +24,7 @@ import torch
 from distributed import Client, Future
 
 from daskrl.errors import ClusterTimeoutError, InternalError, PolicyError, WeightsNotSharedError
+from daskrl.weights._in_store import StoreWeightsWriter
 from daskrl.weights._segments import SegmentPool, SharedWeights
 from daskrl.weights._snapshot import WeightsSnapshot, snapshot, weights_layout
 from daskrl.worker._tasks import preload_shared_weights, preload_weights
@@ -58,12 +59,13 @@ class WeightsPublisher:
     """Every weights version of one collector, from snapshot to unpublish.
 
     ``shared_memory``: versions go to shared memory (POSIX only: Windows cannot remove a file
-    a worker still maps) until a worker cannot read it. ``in_process``: some workers share
-    the learner's process and read its snapshots in place.
+    a worker still maps) until a worker cannot read it. ``in_store``: every version is written
+    to the store instead (the learner's writer of it), and no version goes through Dask.
+    ``in_process``: some workers share the learner's process and read its snapshots in place.
     """
 
     def __init__(self, client: Client, plugin_name: str, key_prefix: str, *,
-                 shared_memory: bool) -> None:
+                 shared_memory: bool, in_store: StoreWeightsWriter | None = None) -> None:
         self.client = client
         self.plugin_name = plugin_name
         self.key_prefix = key_prefix
@@ -72,7 +74,9 @@ class WeightsPublisher:
         """The newest published version."""
         self.snapshots: dict[int, WeightsSnapshot] = {}  # every published version
         self.futures: dict[int, Future] = {}  # the versions published through Dask
-        self.segments = SegmentPool(enabled=shared_memory and os.name == "posix")
+        self.in_store = in_store
+        self.segments = SegmentPool(enabled=shared_memory and os.name == "posix"
+                                    and in_store is None)
         self._spare: WeightsSnapshot | None = None  # arrays of a released version, to reuse
         self._layout: tuple[Any, ...] | None = None
         self._seed_turn = 0
@@ -83,7 +87,10 @@ class WeightsPublisher:
 
     @property
     def transport(self) -> str:
-        """``"dask"`` if the newest version went through Dask, else ``"shared-memory"``."""
+        """``"store"``, ``"dask"`` if the newest version went through Dask, else
+        ``"shared-memory"``."""
+        if self.in_store is not None:
+            return "store"
         return "dask" if self.version in self.futures else "shared-memory"
 
     def take_snapshot(self, policy: torch.nn.Module) -> WeightsSnapshot:
@@ -113,7 +120,11 @@ class WeightsPublisher:
         ``wait``: load it on every worker now."""
         if self.in_process:
             IN_PROCESS_WEIGHTS[self.name(snap.version)] = snap
-        if self.segments.manifest(snap.version) is None:  # else tasks carry the manifest
+        if self.in_store is not None:  # off the event loop: 100 MiB is ~0.1 s of writing
+            await cluster.bounded(
+                f"writing weights version {snap.version} to the store",
+                asyncio.get_running_loop().run_in_executor(None, self.in_store.write, snap))
+        elif self.segments.manifest(snap.version) is None:  # else tasks carry the manifest
             self.futures[snap.version] = await self._scatter(snap, cluster)
         self.snapshots[snap.version] = snap
         self.version = snap.version
@@ -155,7 +166,10 @@ class WeightsPublisher:
         )
 
     def ref(self, version: int) -> WeightsRef:
-        """How a task finds ``version``: its shared-memory manifest, or its data key."""
+        """How a task finds ``version``: its manifest in the store or in shared memory, or its
+        data key."""
+        if self.in_store is not None and version in self.in_store.versions:
+            return self.in_store.versions[version]
         if version in self.futures:
             return str(self.futures[version].key)
         manifest = self.segments.manifest(version)
@@ -223,6 +237,8 @@ class WeightsPublisher:
         fut = self.futures.pop(version, None)
         self._spare = self.snapshots.pop(version, None)
         self.segments.release(version)
+        if self.in_store is not None:
+            self.in_store.remove(version)
         IN_PROCESS_WEIGHTS.pop(self.name(version), None)
         if fut is None:
             return
@@ -239,3 +255,5 @@ class WeightsPublisher:
         for v in list(self.snapshots) + [v for v in self.futures if v not in self.snapshots]:
             await self.unpublish(v, cluster)
         self.segments.close()
+        if self.in_store is not None:
+            self.in_store.close()

@@ -38,7 +38,7 @@ from daskrl.weights._snapshot import WeightsSnapshot, dtype_from_name, numpy_dty
 
 __all__ = [
     "DATA_START", "HEADER", "MAGIC", "Layout", "Segment", "SegmentPool", "SharedWeights",
-    "shared_memory_dir", "tensor_nbytes",
+    "shared_memory_dir", "tensor_nbytes", "tensor_offsets",
 ]
 
 logger = logging.getLogger(__name__)
@@ -83,6 +83,16 @@ def tensor_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=np.int64)) * dtype_from_name(dtype).itemsize
 
 
+def tensor_offsets(layout: Layout) -> tuple[tuple[int, ...], int]:
+    """Where each tensor of ``layout`` starts in a segment (aligned, after the header), and
+    the segment's size."""
+    offsets, end = [], DATA_START
+    for _, dtype, shape in layout:
+        offsets.append(end)
+        end += -(-tensor_nbytes(dtype, tuple(shape)) // _ALIGN) * _ALIGN
+    return tuple(offsets), end
+
+
 def shared_memory_dir() -> str:
     """Where segments are created: ``/dev/shm`` (memory) if writable, else the temp dir."""
     if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
@@ -118,11 +128,7 @@ class Segment:
 
     def __init__(self, layout: Layout, directory: str | None = None) -> None:
         self.layout = tuple((n, d, tuple(s)) for n, d, s in layout)
-        offsets, end = [], DATA_START
-        for _, dtype, shape in self.layout:
-            offsets.append(end)
-            end += -(-tensor_nbytes(dtype, shape) // _ALIGN) * _ALIGN
-        self.offsets = tuple(offsets)
+        self.offsets, end = tensor_offsets(self.layout)
         directory = directory or shared_memory_dir()
         _sweep_stale(directory)
         self.path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")

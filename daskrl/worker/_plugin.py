@@ -84,7 +84,8 @@ class CollectorPlugin(WorkerPlugin):
         """Loads of a new version: one per version on this worker."""
         self.envsets: dict[int, EnvSet | VectorEnvSet] = {}
         self.store: TrajectoryStore | None = None
-        self.weights = WeightsCache(self.name, f"worker {self.worker_address}")
+        self.weights = WeightsCache(self.name, f"worker {self.worker_address}",
+                                    store=self.get_store)
         self.closed = False
         """Torn down (the collector closed): batches still running close what they held."""
 
@@ -92,7 +93,7 @@ class CollectorPlugin(WorkerPlugin):
     def weight_sources(self) -> list[tuple[int, str]]:
         """``(version, where from)`` per version loaded: "in-process", "shared-memory",
         "seed" (this worker's own memory), "host-copy" (another worker of this host fetched
-        it) or "dask" (fetched)."""
+        it), "dask" (fetched) or "store" (read from the store)."""
         return self.weights.sources
 
     def streams(self) -> dict[int, int | None]:

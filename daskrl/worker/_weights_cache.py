@@ -4,24 +4,32 @@ A batch names its weights version and where it is (:data:`WeightsRef`).  :class:
 loads it from, in this order: the learner's own snapshot (in-process workers,
 :data:`IN_PROCESS_WEIGHTS`), the learner's shared memory (a :class:`SharedWeights` manifest),
 this worker's own memory (the broadcast seeded it here), this host's copy (another worker of
-the host fetched it), or fetched through Dask and then left as the host's copy.  Every path
-checks the learner's checksums.  The cache keeps the shared-memory mappings and the host copies
+the host fetched it), or fetched through Dask or read from the store (``weights_in_store``, a
+:class:`StoreWeights` manifest) and then left as the host's copy.  Every path checks the
+learner's checksums.  The cache keeps the shared-memory mappings and the host copies
 this worker made, until :meth:`WeightsCache.close`.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from distributed import Future, get_client
 
 from daskrl.errors import WeightsNotSharedError, WeightsUnavailableError
 from daskrl.weights._host_copies import HostCopies
+from daskrl.weights._in_store import StoreWeights, read_store_weights
 from daskrl.weights._segments import SharedWeights
 from daskrl.weights._shared_reader import SharedWeightsReader
 from daskrl.weights._snapshot import WeightsSnapshot, load_weights
 from daskrl.worker._distributed import local_data, this_worker
+
+if TYPE_CHECKING:
+    from daskrl.store._store import TrajectoryStore
 
 __all__ = ["IN_PROCESS_WEIGHTS", "WEIGHTS_FETCH_TIMEOUT", "WeightsCache", "WeightsRef",
            "weights_name"]
@@ -34,13 +42,14 @@ IN_PROCESS_WEIGHTS: dict[str, WeightsSnapshot] = {}
 they read the learner's snapshot in place. (Futures of in-process clusters are not serialized,
 so a worker's client cannot resolve the published one.)"""
 
-WeightsRef = str | SharedWeights
+WeightsRef = str | SharedWeights | StoreWeights
 """How a task finds its weights version: the data key it was scattered under, or the manifest
-of its copy in the learner's shared memory."""
+of its copy in the learner's shared memory or in the store."""
 
-SOURCES = ("in-process", "shared-memory", "seed", "host-copy", "dask")
+SOURCES = ("in-process", "shared-memory", "seed", "host-copy", "dask", "store")
 """Where a version came from: the learner's snapshot in this process, the learner's shared
-memory, this worker's own memory, another worker's copy on this host, or fetched through Dask."""
+memory, this worker's own memory, another worker's copy on this host, fetched through Dask, or
+read from the store."""
 
 
 def weights_name(plugin_name: str, version: int) -> str:
@@ -52,8 +61,11 @@ class WeightsCache:
     """One worker's means of loading weights versions, for the collector ``plugin_name``."""
 
     def __init__(self, plugin_name: str, where: str = "worker",
-                 fetch_timeout: float = WEIGHTS_FETCH_TIMEOUT) -> None:
+                 fetch_timeout: float = WEIGHTS_FETCH_TIMEOUT,
+                 store: Callable[[], TrajectoryStore] | None = None) -> None:
         self.plugin_name = plugin_name
+        self.store = store
+        """The collector's store, for versions in it (opened on first use)."""
         self.where = where
         """How messages name this worker."""
         self.fetch_timeout = fetch_timeout
@@ -88,20 +100,36 @@ class WeightsCache:
                     raise
                 load_weights(policy, published.result(timeout=self.fetch_timeout))
                 source = "dask"
+        elif isinstance(weights, StoreWeights):
+            source = self._load_per_host(policy, version, "store",
+                                         lambda: self._read_store(weights))
         else:
             source = self._load_through_dask(policy, version, name, weights)
         self.sources.append((version, source))
         return source
 
+    def _read_store(self, weights: StoreWeights) -> WeightsSnapshot:
+        if self.store is None:
+            raise WeightsUnavailableError(
+                f"{self.where}: weights version {weights.version} is in the store, and this "
+                "worker has none")
+        return read_store_weights(self.store().backend, weights, self.where)
+
     def _load_through_dask(self, policy: torch.nn.Module, version: int, name: str,
                            key: str) -> str:
         """Load a version the learner sent through Dask: from this worker's memory (it is
-        the version's seed), from this host's copy (another worker of the host fetched it),
-        or fetched from a worker holding it, then left as this host's copy."""
+        the version's seed), else as :meth:`_load_per_host` does, fetched from a worker
+        holding it."""
         local = local_data(this_worker(), key)
         if isinstance(local, WeightsSnapshot):
             load_weights(policy, local)
             return "seed"
+        return self._load_per_host(policy, version, "dask", lambda: self._fetch(version, name))
+
+    def _load_per_host(self, policy: torch.nn.Module, version: int, fetched: str,
+                       fetch: Callable[[], WeightsSnapshot]) -> str:
+        """Load ``version`` from this host's copy (another worker of the host got it), or
+        ``fetch`` it (``fetched`` says from where) and leave it as this host's copy."""
         copy_key = f"v{version}"
         copy = self.host_copies.manifest(copy_key, wait=False)
         claimed = copy is None and self.host_copies.claim(copy_key)
@@ -114,15 +142,17 @@ class WeightsCache:
             except WeightsNotSharedError:  # removed meanwhile: fetch it
                 pass
         try:
-            snap = self._fetch(version, name)
-            load_weights(policy, snap)  # verifies the learner's checksums
+            snap = fetch()
+            with warnings.catch_warnings():  # read-only arrays (store reads): only read from
+                warnings.simplefilter("ignore", UserWarning)
+                load_weights(policy, snap)  # verifies the learner's checksums
         except BaseException:
             if claimed:
                 self.host_copies.release(copy_key)
             raise
         if claimed:
             self.host_copies.publish(copy_key, snap)
-        return "dask"
+        return fetched
 
     def _fetch(self, version: int, name: str) -> WeightsSnapshot:
         """Fetch the published weights ``name``; wait out a re-publication if they were lost."""
