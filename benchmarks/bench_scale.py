@@ -27,9 +27,10 @@ policy size in ``--weights-mib``: ``--versions`` weights versions published with
   the others fetch when their next batch starts);
 * ``fanout``: ``update_weights(policy, wait=True)``: until every worker has the version,
 
-through shared memory (workers on the learner's host) and through Dask transfers
-(``shared_memory=False``: what workers on other hosts get), with the scheduler's and the
-learner's CPU per version.
+through shared memory (workers on the learner's host), through Dask transfers
+(``shared_memory=False``: what workers on other hosts get) and through the store
+(``weights_in_store=True``: one file per version, read once per host), with the scheduler's
+and the learner's CPU per version (``--transports``).
 
 It prints tables, the least-squares slope of scheduler and learner CPU per batch against N,
 and writes ``--json``. ``docs/scaling.md`` turns these into a model.
@@ -204,14 +205,18 @@ class BigPolicy(torch.nn.Module):
         return torch.zeros(obs.shape[0], dtype=torch.int64)
 
 
+TRANSPORTS = ("shared-memory", "dask", "store")
+
+
 def weights_run(client: Client, sched: SchedulerMeter, store: str, n: int, mib: float,
-                versions: int, shared: bool) -> dict:
+                versions: int, transport: str) -> dict:
     policy = BigPolicy(mib)
     out: dict[str, list[float]] = {"publish": [], "fanout": [], "publish_sched_cpu": [],
                                    "fanout_sched_cpu": [], "publish_learner_cpu": [],
                                    "fanout_learner_cpu": []}
     with Collector(ENV, policy, store, client=client, envs_per_worker=1, frames_per_batch=1,
-                   total_frames=None, num_workers=n, shared_memory=shared) as collector:
+                   total_frames=None, num_workers=n, shared_memory=transport == "shared-memory",
+                   weights_in_store=transport == "store") as collector:
         for _ in range(2):  # steady state: buffers and mappings exist
             collector.update_weights(policy, wait=True)
         for _ in range(versions):
@@ -222,7 +227,7 @@ def weights_run(client: Client, sched: SchedulerMeter, store: str, n: int, mib: 
                 out[kind].append(t1 - t0)
                 out[f"{kind}_sched_cpu"].append(sched.read()[0] - s0)
                 out[f"{kind}_learner_cpu"].append(time.process_time() - l0)
-        transport = collector.weights_transport
+        assert collector.weights_transport == transport, collector.weights_transport
     return {"workers": n, "mib": mib, "transport": transport,
             **{k: statistics.median(v) for k, v in out.items()}}
 
@@ -247,6 +252,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync", "async"])
     parser.add_argument("--weights-mib", nargs="*", type=float, default=[1, 100])
     parser.add_argument("--versions", type=int, default=3)
+    parser.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS))
     parser.add_argument("--big-weights-max-workers", type=int, default=16,
                         help="weights of 10 MiB or more only up to this many workers (memory)")
     parser.add_argument("--idle-seconds", type=float, default=2.0,
@@ -287,14 +293,15 @@ def main() -> None:
                     for mib in args.weights_mib:
                         if mib >= 10 and n > args.big_weights_max_workers:
                             continue
-                        for shared in (True, False):
-                            w = weights_run(client, sched, f"{tmp}/weights-{mib}-{shared}", n,
-                                            mib, args.versions, shared)
+                        for transport in args.transports:
+                            w = weights_run(client, sched, f"{tmp}/weights-{mib}-{transport}",
+                                            n, mib, args.versions, transport)
                             weights.append(w)
                             print(f"  N={n:3d} weights {mib:g} MiB {w['transport']:13s}: "
-                                  f"publish {w['publish'] * 1e3:.1f} ms, fan-out "
-                                  f"{w['fanout'] * 1e3:.1f} ms, scheduler CPU/fan-out "
-                                  f"{w['fanout_sched_cpu'] * 1e3:.1f} ms", flush=True)
+                                  f"publish {w['publish'] * 1e3:.1f} ms (scheduler CPU "
+                                  f"{w['publish_sched_cpu'] * 1e3:.1f} ms), fan-out "
+                                  f"{w['fanout'] * 1e3:.1f} ms (scheduler CPU "
+                                  f"{w['fanout_sched_cpu'] * 1e3:.1f} ms)", flush=True)
             finally:
                 procs.kill_all()
 
@@ -328,14 +335,16 @@ def main() -> None:
     print(f"fit identity(n_workers=-1) scheduler CPU: {b:.3f} ms + {a:.4f} ms x workers")
     if weights:
         print("\nper weights version (milliseconds; median of the versions):")
-        print(f"{'workers':>7s} {'MiB':>5s} {'transport':>13s} {'publish':>8s} {'fan-out':>8s} "
-              f"{'sched CPU':>9s} {'learner CPU':>11s}")
+        print(f"{'workers':>7s} {'MiB':>5s} {'transport':>13s} {'publish':>8s} "
+              f"{'sched CPU':>9s} {'learner CPU':>11s} {'fan-out':>8s} {'sched CPU':>9s} "
+              f"{'learner CPU':>11s}")
         for w in weights:
             print(f"{w['workers']:7d} {w['mib']:5g} {w['transport']:>13s} "
-                  f"{w['publish'] * 1e3:8.1f} {w['fanout'] * 1e3:8.1f} "
+                  f"{w['publish'] * 1e3:8.1f} {w['publish_sched_cpu'] * 1e3:9.1f} "
+                  f"{w['publish_learner_cpu'] * 1e3:11.1f} {w['fanout'] * 1e3:8.1f} "
                   f"{w['fanout_sched_cpu'] * 1e3:9.1f} {w['fanout_learner_cpu'] * 1e3:11.1f}")
         for mib in args.weights_mib:
-            for transport in ("shared-memory", "dask"):
+            for transport in TRANSPORTS:
                 rows = [w for w in weights if w["mib"] == mib and w["transport"] == transport]
                 if rows:
                     a, b = slope([w["workers"] for w in rows], [w["fanout"] * 1e3 for w in rows])

@@ -240,3 +240,37 @@ def test_weights_reach_each_host_once_per_version(shared):
             # reads that worker's copy in the host's shared memory.
             assert sources.count("dask") <= 1, (host, version, sources)
         assert any("host-copy" in s for s in by_host_version.values()), by_host_version
+
+
+@pytest.mark.timeout(300)
+def test_weights_in_store_are_read_once_per_host_and_reach_every_batch(shared):
+    """``weights_in_store``: each version is one file in the shared store; on each of two
+    hosts one worker reads it there and the other reads that worker's copy in the host's
+    shared memory; no version goes through Dask; every step was computed by its batch's
+    version."""
+    with dask_hosts(shared, 3, workers_per_host=2) as cluster:
+        cluster.wait_for_workers(4)
+        store = str(shared / "store")
+        learner = cluster.learner("in-store", {
+            "store": store, "update_weights": True, "weight_sources": True,
+            "collector": _collector(16, weights_in_store=True)})
+        result = learner.result(timeout=CUT_BOUND)
+        assert result["error"] is None, learner.log()
+        assert result["transport"] == "store"
+        check_store(store, FRAMES_PER_BATCH * 16, result["handles"])
+        s = daskrl.open_store(store)
+        for h in result["handles"]:
+            assert (s.load(h["batch_id"], keys=["tag"])["tag"] == h["weights_version"]).all(), h
+        by_host_version: dict[tuple[str, int], list[str]] = {}
+        for worker, sources in result["weight_sources"].items():
+            for version, source in sources:
+                by_host_version.setdefault((_host_of({"worker": worker}), version),
+                                           []).append(source)
+        assert len({host for host, _ in by_host_version}) == 2, by_host_version
+        assert len(by_host_version) >= 8, by_host_version  # several versions on both hosts
+        for key, sources in by_host_version.items():
+            assert sources.count("store") == 1, (key, sources)
+            assert set(sources) <= {"store", "host-copy"}, (key, sources)
+        assert any(len(s) == 2 for s in by_host_version.values()), by_host_version
+        # the learner removed every version when it closed
+        assert sorted(os.listdir(os.path.join(store, "runs"))) == ["0000", "zarr.json"]

@@ -168,6 +168,39 @@ def test_collector_on_s3_then_readers_and_housekeeping(s3, inproc_client):
     assert store.batch_ids() == ids[2:] and store.load(ids[-1])["reward"].shape == (6, 2)
 
 
+@pytest.mark.timeout(120)
+def test_weights_in_store_on_s3_reach_process_workers(s3, client):
+    """``weights_in_store`` on an object store: each version one object, read by ranges."""
+    import s3fs
+    import torch
+
+    url, options = s3
+    policy = TagPolicy()
+    handles = []
+    with daskrl.Collector("daskrl.testing:Counting-v0", policy, url, storage_options=options,
+                          client=client, envs_per_worker=2, frames_per_batch=12,
+                          total_frames=72, weights_in_store=True) as c:
+        for handle in c:
+            handles.append(handle)
+            with torch.no_grad():
+                policy.tag.fill_(c.weights_version + 1)
+            c.update_weights(policy)
+        name = c.plugin_name
+        sources = client.run(lambda dask_worker: dask_worker.plugins[name].weight_sources)
+        assert not client.list_datasets()
+        weights_prefix = f"{url[5:]}/runs/weights-{c._id}"
+    assert {s for loaded in sources.values() for _, s in loaded} >= {"store"}
+    store = daskrl.open_store(url, options)
+    assert store.frames == 72
+    for h in handles:
+        assert (store.load(h.batch_id, keys=["tag"])["tag"] == h.weights_version).all()
+    assert len({h.weights_version for h in handles}) >= 3
+    fs = s3fs.S3FileSystem(**{k: v for k, v in options.items() if k != "endpoint_url"},
+                           endpoint_url=options["endpoint_url"])
+    fs.invalidate_cache()
+    assert not fs.exists(weights_prefix) or not fs.find(weights_prefix)  # removed at close
+
+
 def test_two_differently_configured_stores_of_one_url_each_read_with_their_own_options(s3):
     """The same URL on two S3 endpoints (two servers, one bucket name): each store object, its
     handles and its datasets read with that store's own options. A process-wide map from URL to

@@ -63,6 +63,7 @@ class Backend(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
     def create_exclusive(self, key: str, data: bytes) -> bool: ...
     def write_container(self, key: str, batch: EncodedBatch) -> None: ...
+    def write_new(self, key: str, parts: Sequence[Any]) -> None: ...
     def exists(self, key: str) -> bool: ...
     def entry_exists(self, key: str) -> bool: ...
     def delete(self, key: str) -> None: ...
@@ -128,6 +129,11 @@ class LocalBackend:
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         return local_io.create_exclusive(Path(self.root), key, data)
+
+    def write_new(self, key: str, parts: Sequence[Any]) -> None:
+        """A new file (``FileExistsError`` if there is one) holding ``parts`` joined, written
+        in place without joining them (one ``pwritev``)."""
+        local_io.write_new_file(self._path(key), parts)
 
     def write_container(self, key: str, batch: EncodedBatch) -> None:
         """A container into a new file, in place (invisible until committed): small ones with
@@ -325,6 +331,9 @@ class FsspecBackend:
 
     def put(self, key: str, data: bytes) -> None:
         self.fs.pipe_file(self._path(key), data)
+
+    def write_new(self, key: str, parts: Sequence[Any]) -> None:
+        self.fs.pipe_file(self._path(key), b"".join(parts))
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         if self.supports_exclusive_create:  # a real exclusive create (S3: If-None-Match: *)

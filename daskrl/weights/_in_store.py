@@ -93,7 +93,7 @@ class StoreWeightsWriter:
         parts.append(bytes(size - end))
         key = weights_key(self.collector, snap.version, nonce.hex())
         try:
-            self.backend.put(key, b"".join(parts))
+            self.backend.write_new(key, parts)
         except OSError as e:
             raise StoreError(
                 f"the learner could not write weights version {snap.version} to the store "
