@@ -117,34 +117,3 @@ def test_a_learner_that_publishes_every_third_round_loses_one_round_ahead_only(c
         assert ahead == [False, True, True] + [True, True, False] * (rounds // period - 1)
         assert collector.summary()["dropped_stale"] == 2
     check_episode_continuity(daskrl.open_store(str(tmp_path / "s")))
-
-
-def test_a_round_goes_to_the_scheduler_as_one_graph(client, tmp_path):
-    """A round's tasks (one per stream) are submitted together: one update-graph message per
-    round, not one per batch (each costs the scheduler a hand-off to a thread), and each task
-    still runs on its stream's worker."""
-    scheduler = client.cluster.scheduler
-    original = scheduler.stream_handlers["update-graph"]
-    graphs: list[list[str]] = []
-
-    async def counted(*args, **kwargs):
-        graphs.append(sorted(str(k) for k in kwargs.get("keys", ())))
-        return await original(*args, **kwargs)
-
-    with _collector(client, tmp_path / "s", 12) as collector:
-        scheduler.stream_handlers["update-graph"] = counted
-        try:
-            handles = list(collector)
-        finally:
-            scheduler.stream_handlers["update-graph"] = original
-    assert [h.batch_id for h in handles] == list(range(12))
-    assert len(graphs) == 6, graphs
-    assert all(len(keys) == 2 for keys in graphs), graphs
-    workers_of_stream: dict[int, set[str]] = {}
-    store = daskrl.open_store(str(tmp_path / "s"))
-    records = store.records()
-    for h in handles:
-        workers_of_stream.setdefault(records[h.batch_id]["stream"], set()).add(h.worker)
-    assert all(len(w) == 1 for w in workers_of_stream.values()), workers_of_stream
-    assert len({w for ws in workers_of_stream.values() for w in ws}) == 2
-    check_episode_continuity(store)

@@ -105,10 +105,6 @@ class Run:
     def submit_now(self, plans: PlannedBatch | list[PlannedBatch], supervised: bool) -> Future:
         """Submit ``plans`` (one batch, or a list: one task of consecutive batches of one
         stream, whose future holds their handles) with the newest weights."""
-        return self.supervisor.dispatch(self._batch_task(plans), supervised=supervised)
-
-    def _batch_task(self, plans: PlannedBatch | list[PlannedBatch]) -> BatchTask | BatchGroup:
-        """The task of ``plans`` (see :meth:`submit_now`) on the newest weights."""
         version = self.weights.version
         ref = self.weights.ref(version)
         tasks = [BatchTask(batch_id=p.batch_id, stream=p.stream,
@@ -116,7 +112,9 @@ class Run:
                            random_steps=p.random_steps, weights_version=version,
                            weights=ref, env=p.env)
                  for p in (plans if isinstance(plans, list) else [plans])]
-        return BatchGroup(tuple(tasks)) if isinstance(plans, list) else tasks[0]
+        if isinstance(plans, list):
+            return self.supervisor.dispatch(BatchGroup(tuple(tasks)), supervised=supervised)
+        return self.supervisor.dispatch(tasks[0], supervised=supervised)
 
     async def submit(self, plans: PlannedBatch | list[PlannedBatch],
                      supervised: bool = True) -> Future:
@@ -219,9 +217,7 @@ class Run:
         by_stream: dict[int, list[PlannedBatch]] = {}
         for p in plans:
             by_stream.setdefault(p.stream, []).append(p)
-        await self.weights.republish_lost(self.workers)
-        futures = self.supervisor.dispatch_all(
-            [self._batch_task(self._task(ps)) for ps in by_stream.values()])
+        futures = [await self.submit(self._task(ps)) for ps in by_stream.values()]
         if self._ac is None:
             self._ac = self.supervisor.new_as_completed(futures)
         else:

@@ -19,8 +19,6 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-import dask
-from dask import delayed
 from distributed import Client, Future, as_completed
 
 from daskrl.collect._planner import stream_placement
@@ -196,33 +194,12 @@ class Supervisor:
         owns the future (``submit()``); no re-dispatch."""
         suffix = f"-r{attempt}" if attempt else ""
         worker = stream_placement(self.stream_workers, task.stream, self.workers.live)
+        fn = collect_batches if isinstance(task, BatchGroup) else collect_batch
         fut = self.client.submit(
-            _task_function(task), self.plugin_name, task,
+            fn, self.plugin_name, task,
             key=f"daskrl-collect-{self.key_prefix}-{task.batch_id}{suffix}",
             workers=[worker], allow_other_workers=True, pure=False,
         )
-        return self._track(fut, task, worker, attempt, supervised)
-
-    def dispatch_all(self, tasks: list[BatchTask | BatchGroup]) -> list[Future]:
-        """:meth:`dispatch` of a sync round's tasks (first attempts, supervised) in one graph:
-        one message to the scheduler and one graph for it to take in, instead of one per
-        stream (each costs the scheduler a hand-off to a thread of its own)."""
-        if len(tasks) < 2:
-            return [self.dispatch(task) for task in tasks]
-        calls, workers = [], []
-        for task in tasks:
-            worker = stream_placement(self.stream_workers, task.stream, self.workers.live)
-            with dask.annotate(workers=[worker], allow_other_workers=True):
-                calls.append(delayed(_task_function(task), pure=False)(
-                    self.plugin_name, task,
-                    dask_key_name=f"daskrl-collect-{self.key_prefix}-{task.batch_id}"))
-            workers.append(worker)
-        futures = self.client.compute(calls, optimize_graph=False)
-        return [self._track(fut, task, worker, 0, True)
-                for fut, task, worker in zip(futures, tasks, workers)]
-
-    def _track(self, fut: Future, task: BatchTask | BatchGroup, worker: str, attempt: int,
-               supervised: bool) -> Future:
         self.pending[fut] = task
         if supervised:
             self.placement[fut] = (worker, attempt)
@@ -316,8 +293,3 @@ def _error_of(result: object) -> BaseException | None:
     if isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], BaseException):
         return result[1]
     return result if isinstance(result, BaseException) else None
-
-
-def _task_function(task: BatchTask | BatchGroup) -> Any:
-    """The worker function of ``task``: a group's future holds a list of handles."""
-    return collect_batches if isinstance(task, BatchGroup) else collect_batch
