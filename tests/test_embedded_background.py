@@ -1,7 +1,6 @@
 """The embedded cluster's background work: the nannies' memory monitors and every server's
-system monitor run at daskrl's slower intervals (they took CPU from the rollouts), the nanny
-still stops a worker that goes over its memory limit, and the learner fetches handles from the
-workers without the scheduler relaying them."""
+system monitor run at daskrl's slower intervals (they took CPU from the rollouts), and the
+nanny still stops a worker that goes over its memory limit."""
 
 from __future__ import annotations
 
@@ -12,9 +11,7 @@ import numpy as np
 import pytest
 from distributed import Client
 
-import daskrl
 from daskrl.deploy import local_cluster
-from daskrl.testing import TagPolicy
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -53,25 +50,3 @@ def test_the_nanny_still_stops_a_worker_over_its_memory_limit():
             time.sleep(0.1)
         else:
             pytest.fail("the worker over its memory limit was not stopped within 60 s")
-
-
-def test_the_embedded_learner_fetches_handles_from_the_workers_not_through_the_scheduler(
-        tmp_path):
-    """Dask relays a fetch through the scheduler for a client outside the cluster (two more
-    hops on the learner's event loop, where the embedded scheduler runs); the embedded
-    cluster's learner is on the workers' machine and asks them itself."""
-    with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), str(tmp_path / "s"),
-                          num_workers=2, envs_per_worker=2, frames_per_batch=20,
-                          total_frames=200) as c:
-        scheduler = c.client.cluster.scheduler
-        relayed = []
-        gather = scheduler.handlers["gather"]
-
-        async def counted(*args, **kwargs):
-            relayed.append(kwargs.get("keys"))
-            return await gather(*args, **kwargs)
-
-        scheduler.handlers["gather"] = counted
-        handles = list(c)
-    assert len(handles) == 10 and sum(h.frames for h in handles) == 200
-    assert relayed == []

@@ -45,13 +45,13 @@ class EarlyCluster:
 
     def deployment(self) -> Deployment:
         """The started cluster and a client of it (closed with :meth:`Deployment.close`)."""
-        from daskrl.deploy._cluster import local_client
+        from distributed import Client
 
         self._thread.join()
         if self._error is not None:
             raise self._error
         try:
-            return Deployment(local_client(self._cluster), self._cluster)
+            return Deployment(Client(self._cluster, set_as_default=False), self._cluster)
         except BaseException:
             self._cluster.close()
             raise

@@ -34,7 +34,7 @@ from daskrl.collect._resume import Resume, plan_resume, run_settings
 from daskrl.collect._run import Run
 from daskrl.collect._startup import start_on_cluster
 from daskrl.config import CollectorConfig, CollectorOptions
-from daskrl.deploy._cluster import dashboard_link, local_client, local_cluster
+from daskrl.deploy._cluster import dashboard_link, local_cluster
 from daskrl.errors import CollectorClosedError, ConfigError, UsageError
 from daskrl.loggers._protocol import LoggerLike
 from daskrl.store._handles import BatchHandle
@@ -140,7 +140,7 @@ class Collector:
         if client is None:
             own = local_cluster(cfg.num_workers, dashboard=dashboard,
                                 processes=not self._store.url.startswith("memory://"))
-            client = local_client(own)
+            client = Client(own, set_as_default=False)
         elif not isinstance(client, Client):
             raise UsageError(f"client must be a distributed.Client or None, got {client!r}.")
         self.dashboard_link: str | None = dashboard_link(own) if own is not None else None

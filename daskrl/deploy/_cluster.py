@@ -28,13 +28,13 @@ import os
 from typing import Any
 
 import dask
-from distributed import Client, LocalCluster
+from distributed import LocalCluster
 
 from daskrl.deploy._nanny import EmbeddedNanny, ParentNanny
 from daskrl.errors import ConfigError, MissingDependencyError
 
 __all__ = ["DASHBOARD_PORT", "WORKER_CONFIG", "ParentNanny", "dashboard_link", "dask_setup",
-           "local_client", "local_cluster", "require_bokeh"]
+           "local_cluster", "require_bokeh"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,19 +125,6 @@ def dashboard_link(cluster: Any) -> str | None:
     if host in (None, "", "0.0.0.0", "::"):  # every interface: distributed names a host
         return str(cluster.dashboard_link) or None
     return str(format_dashboard_link(f"[{host}]" if ":" in host else host, server.port))
-
-
-def local_client(cluster: LocalCluster) -> Client:
-    """The learner's client of a cluster on its own machine (:func:`local_cluster`).
-
-    It fetches each batch's handle straight from the worker that holds it. Dask's default for
-    a client outside the cluster relays every fetch through the scheduler (two more hops, on
-    the learner's own event loop, where the embedded scheduler runs): 3-8 % of the learner's
-    CPU per handle (``benchmarks/bench_handle_fetch.py``, greedy CartPole on two workers: 4.78
-    against 4.63 ms async, 4.57 against 4.41 ms sync). (On a cluster of
-    other machines the learner may reach only the scheduler, e.g. through a tunnel, so clients
-    of those keep Dask's default; ``distributed.client.direct-to-workers: true`` sets it.)"""
-    return Client(cluster, set_as_default=False, direct_to_workers=True)
 
 
 def local_cluster(n_workers: int | None = None, *, processes: bool = True,

@@ -24,7 +24,7 @@ from typing import Any
 
 from distributed import Client, Security
 
-from daskrl.deploy._cluster import local_client, local_cluster
+from daskrl.deploy._cluster import local_cluster
 from daskrl.deploy._slurm import close_cluster, start_slurm, wait_for_slurm_workers
 from daskrl.errors import ClusterError, ConfigError
 
@@ -142,16 +142,14 @@ def _start_local(workers: int | None, security: Security | bool | None,
         tls = None
     else:
         tls = security
-    return _deployment_of(local_cluster(workers or None, tls=tls, **options), local=True)
+    return _deployment_of(local_cluster(workers or None, tls=tls, **options))
 
 
-def _deployment_of(cluster: Any, local: bool = False) -> Deployment:
-    """A client of the cluster daskrl just started (with the cluster's own credentials; on
-    this machine, ``local``: :func:`local_client`); the cluster is closed again when the client
-    cannot connect."""
+def _deployment_of(cluster: Any) -> Deployment:
+    """A client of the cluster daskrl just started (with the cluster's own credentials); the
+    cluster is closed again when the client cannot connect."""
     try:
-        client = local_client(cluster) if local else Client(cluster, set_as_default=False)
-        return Deployment(client, cluster)
+        return Deployment(Client(cluster, set_as_default=False), cluster)
     except BaseException:
         close_cluster(cluster)
         raise
