@@ -126,8 +126,9 @@ class StoreWeightsWriter:
 
 def read_store_weights(backend: Backend, w: StoreWeights, where: str) -> WeightsSnapshot:
     """Read version ``w`` from the store and check it against its manifest (size, header,
-    every tensor's checksum); its arrays are read-only. Raises :class:`WeightsUnavailableError` if the file is gone,
-    :class:`WeightsIntegrityError` if it is not the learner's bytes."""
+    every tensor's checksum); its arrays are read-only. Raises
+    :class:`WeightsUnavailableError` if the file is gone, :class:`WeightsIntegrityError` if it
+    is not the learner's bytes (no more than the manifest's size is ever read)."""
     what = f"weights version {w.version} ({w.key!r} in the store {w.store!r})"
     try:
         src = backend.byte_source(w.key, what)

@@ -3,9 +3,10 @@
 :class:`WeightsPublisher` copies the policy's weights at each ``update_weights`` (into a
 shared-memory segment for workers on the learner's machine, else into the arrays of a released
 version), writes it to the store (``weights_in_store``) or sends a version that goes through
-Dask to one responsive worker (its seed) and publishes it by name, preloads a version on every worker on request, falls back to Dask
-transfers when a worker cannot read shared memory, scatters again a version lost with its
-worker, and unpublishes versions no batch needs any more.
+Dask to one responsive worker (its seed) and publishes it by name, preloads a version on every
+worker on request, falls back to Dask transfers when a worker cannot read shared memory,
+scatters again a version lost with its worker, and unpublishes versions no batch needs any
+more.
 
 The cluster calls are coroutines on the client's event loop; the liveness of workers and the
 deadlines come from the collector's supervision (:class:`Cluster`).
