@@ -34,7 +34,13 @@ from daskrl.errors import (
     WeightsUnavailableError,
 )
 from daskrl.store._layout import weights_dir, weights_key
-from daskrl.weights._segments import HEADER, MAGIC, tensor_nbytes, tensor_offsets
+from daskrl.weights._segments import (
+    HEADER,
+    MAGIC,
+    TensorManifest,
+    tensor_nbytes,
+    tensor_offsets,
+)
 from daskrl.weights._snapshot import WeightsSnapshot, dtype_from_name, numpy_dtype
 
 if TYPE_CHECKING:
@@ -44,27 +50,15 @@ __all__ = ["StoreWeights", "StoreWeightsWriter", "read_store_weights"]
 
 
 @dataclasses.dataclass(frozen=True)
-class StoreWeights:
+class StoreWeights(TensorManifest):
     """What travels with a task for a version in the store: where it is and what it holds."""
 
-    version: int
-    names: tuple[str, ...]
-    dtypes: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    offsets: tuple[int, ...]
-    checksums: tuple[int, ...]
-    """CRC32C of each tensor's bytes, computed by the learner as it took the snapshot."""
     store: str
     """The store's URL (for messages)."""
     key: str
     size: int
     """Bytes of the file."""
     nonce: bytes
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of weight data in this version."""
-        return sum(tensor_nbytes(d, s) for d, s in zip(self.dtypes, self.shapes))
 
 
 class StoreWeightsWriter:

@@ -38,7 +38,7 @@ from daskrl.weights._snapshot import WeightsSnapshot, dtype_from_name, numpy_dty
 
 __all__ = [
     "DATA_START", "HEADER", "MAGIC", "Layout", "Segment", "SegmentPool", "SharedWeights",
-    "shared_memory_dir", "tensor_nbytes", "tensor_offsets",
+    "TensorManifest", "shared_memory_dir", "tensor_nbytes", "tensor_offsets",
 ]
 
 logger = logging.getLogger(__name__)
@@ -56,8 +56,9 @@ Layout = Sequence[tuple[str, str, tuple[int, ...]]]
 
 
 @dataclasses.dataclass(frozen=True)
-class SharedWeights:
-    """What travels through Dask for a version held in shared memory: where each tensor is."""
+class TensorManifest:
+    """Where each tensor of a version is in a file of segment format (:data:`HEADER`, then
+    the tensors at ``offsets``), and the learner's checksums of them."""
 
     version: int
     names: tuple[str, ...]
@@ -66,16 +67,22 @@ class SharedWeights:
     offsets: tuple[int, ...]
     checksums: tuple[int, ...]
     """CRC32C of each tensor's bytes, computed by the learner as it took the snapshot."""
-    path: str
-    nonce: bytes
-    """Random bytes at the head of the file: a same-named file elsewhere does not have them."""
-    host: str
-    """The learner's host name (for messages)."""
 
     @property
     def nbytes(self) -> int:
         """Bytes of weight data in this version."""
         return sum(tensor_nbytes(d, s) for d, s in zip(self.dtypes, self.shapes))
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedWeights(TensorManifest):
+    """What travels through Dask for a version held in shared memory: where each tensor is."""
+
+    path: str
+    nonce: bytes
+    """Random bytes at the head of the file: a same-named file elsewhere does not have them."""
+    host: str
+    """The learner's host name (for messages)."""
 
 
 def tensor_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
