@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickletools
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -165,10 +166,16 @@ class WeightsSnapshot:
                 )
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The weights as CPU tensors in their torch dtypes (sharing memory with the arrays)."""
+        """The weights as CPU tensors in their torch dtypes (sharing memory with the arrays;
+        read-only arrays, e.g. read from the store, give tensors that are only read from)."""
         out = {}
         for name, dtype, arr in zip(self.names, self.dtypes, self.arrays):
-            t = torch.from_numpy(arr)
+            if arr.flags.writeable:
+                t = torch.from_numpy(arr)
+            else:
+                with warnings.catch_warnings():  # torch warns that it cannot protect them
+                    warnings.simplefilter("ignore", UserWarning)
+                    t = torch.from_numpy(arr)
             td = dtype_from_name(dtype)
             out[name] = t.view(td) if t.dtype != td else t
         return out

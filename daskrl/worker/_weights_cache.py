@@ -13,7 +13,6 @@ this worker made, until :meth:`WeightsCache.close`.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -143,9 +142,7 @@ class WeightsCache:
                 pass
         try:
             snap = fetch()
-            with warnings.catch_warnings():  # read-only arrays (store reads): only read from
-                warnings.simplefilter("ignore", UserWarning)
-                load_weights(policy, snap)  # verifies the learner's checksums
+            load_weights(policy, snap)  # verifies the learner's checksums
         except BaseException:
             if claimed:
                 self.host_copies.release(copy_key)
