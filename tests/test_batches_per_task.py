@@ -109,6 +109,64 @@ def test_one_batch_per_task_is_todays_collection(client, tmp_path):
     _check_store(url, 13, 76)
 
 
+def _counting_next_handle(client, monkeypatch) -> list[int]:
+    """Count the learner's trips to the event loop for a handle (``client.sync`` of
+    ``next_handle``); the client works as before."""
+    calls: list[int] = []
+    real = client.sync
+
+    def sync(fn, *args, **kwargs):
+        if getattr(fn, "__name__", "") == "next_handle":
+            calls.append(1)
+        return real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(client, "sync", sync)
+    return calls
+
+
+def test_fetched_handles_of_a_task_are_handed_over_without_a_trip_to_the_event_loop(
+        client, tmp_path, monkeypatch):
+    # 72 frames in batches of 6: two rounds of two tasks of three batches. A round's handles
+    # arrive with its tasks; only the first of each task (at most) needs the event loop, plus
+    # the last call that finds the collection done.
+    calls = _counting_next_handle(client, monkeypatch)
+    url = str(tmp_path / "s")
+    with daskrl.Collector(COUNTING, TagPolicy(), url, client=client, envs_per_worker=2,
+                          frames_per_batch=6, total_frames=72, num_workers=2,
+                          batches_per_task=3) as collector:
+        handles = list(collector)
+    assert [h.batch_id for h in handles] == list(range(12))
+    assert len(calls) <= 2 * 2 + 1 < len(handles)
+    assert [h.policy_lag for h in handles] == [0] * 12
+    assert collector.summary()["batches"] == 12  # each counted once
+    _check_store(url, 12, 72)
+
+
+def test_stale_handles_of_a_task_are_dropped_in_the_learners_thread_too(client, tmp_path,
+                                                                         monkeypatch):
+    # async, k = 3, max_policy_lag = 0, a new version after every handle: once a task's first
+    # handle is handed over, its other two are stale. They are dropped where they are taken
+    # (without the event loop) and their frames collected again.
+    calls = _counting_next_handle(client, monkeypatch)
+    url = str(tmp_path / "s")
+    handles = []
+    with daskrl.Collector(COUNTING, TagPolicy(), url, client=client, envs_per_worker=2,
+                          frames_per_batch=6, total_frames=36, num_workers=1, sync=False,
+                          batches_in_flight=1, batches_per_task=3,
+                          max_policy_lag=0) as collector:
+        for handle in collector:
+            handles.append(handle)
+            collector.update_weights(TagPolicy())
+        summary = collector.summary()
+    assert [h.policy_lag for h in handles] == [0] * len(handles)
+    assert sum(h.frames for h in handles) == 36 == summary["frames"]
+    assert summary["dropped_stale"] > 0
+    assert summary["dropped_stale"] + len(handles) == len(daskrl.open_store(url).batch_ids())
+    assert len(calls) <= len(handles) + 1
+    _check_store(url, len(handles) + summary["dropped_stale"],
+                 36 + summary["dropped_frames"])
+
+
 def test_submit_refuses_several_batches_per_task(client, tmp_path):
     with daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=client,
                           envs_per_worker=2, frames_per_batch=6, total_frames=12,

@@ -328,7 +328,7 @@ class Collector:
         return self._iterate(run)
 
     def _iterate(self, run: Run) -> Iterator[BatchHandle]:
-        while (handle := self.client.sync(run.next_handle)) is not None:
+        while (handle := run.next_fetched() or self.client.sync(run.next_handle)) is not None:
             yield self._log(run, handle)
 
     def __aiter__(self) -> AsyncIterator[BatchHandle]:

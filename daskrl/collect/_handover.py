@@ -12,7 +12,6 @@ wants (the examples use namespaced keys such as ``charts/SPS``).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
 import time
@@ -123,8 +122,8 @@ class HandOver:
 
     def accept(self, handle: BatchHandle, newest_version: int) -> BatchHandle:
         """A batch the learner takes whatever its lag (``submit()``/``hand_over``)."""
-        handle = dataclasses.replace(handle, policy_lag=newest_version - handle.weights_version,
-                                     _store_object=self.store)
+        handle = handle._evolve(policy_lag=newest_version - handle.weights_version,
+                                _store_object=self.store)
         self.stats.record(handle)
         return handle
 

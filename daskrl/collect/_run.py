@@ -152,12 +152,36 @@ class Run:
                 handle = await self._next_first_done()
             if handle is None:
                 return None
-            taken = self.handover.take(handle, self.weights.version)
-            if self.config.sync and not self._order:  # the round's last batch
-                self._round_end_version = self.weights.version if taken is not None else None
+            taken = self._take(handle)
             if taken is not None:
                 return taken
+
+    def next_fetched(self) -> BatchHandle | None:
+        """The next batch, handed over, if it is fetched already and nothing is to be submitted
+        before it; else None (ask :meth:`next_handle`). Not a coroutine: a learner's thread
+        calls it between its calls of :meth:`next_handle`, so that the handles of a task of
+        many batches cost no round trip to the event loop each (~0.2 ms of CPU)."""
+        while True:
+            if self.config.sync:
+                if not self._order or self._order[0] not in self._done:
+                    return None
+                handle = self._done.pop(self._order.pop(0))
+            else:
+                if self._refill or not self._ready:
+                    return None
+                handle = self._ready.popleft()
+            taken = self._take(handle)
+            if taken is not None:
+                return taken
+
+    def _take(self, handle: BatchHandle) -> BatchHandle | None:
+        """The hand-over rule for a fetched batch; None if it was dropped as too stale."""
+        taken = self.handover.take(handle, self.weights.version)
+        if self.config.sync and not self._order:  # the round's last batch
+            self._round_end_version = self.weights.version if taken is not None else None
+        if taken is None:
             self.planner.requeue(handle.frames)  # too stale: collected again
+        return taken
 
     async def _next_in_round(self) -> BatchHandle | None:
         """``sync=True``: fetched as tasks finish, handed over in batch order."""
