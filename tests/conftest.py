@@ -216,6 +216,15 @@ def pytest_runtest_call(item):
     return result
 
 
+def pytest_configure(config):
+    """The hang guard (tests/hang_guard.py): a run stuck past a test's timeout ends, saying
+    where, instead of stalling CI."""
+    import hang_guard
+
+    if not config.pluginmanager.is_registered(hang_guard):
+        config.pluginmanager.register(hang_guard, "hang_guard")
+
+
 _started = pytest.StashKey[float]()
 _unit_only = pytest.StashKey[int]()
 
