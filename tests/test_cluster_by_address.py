@@ -150,3 +150,33 @@ def test_late_worker_gets_env_vars_and_a_version_mismatch_is_refused(cli, tmp_pa
         finally:
             procs.kill("late-worker")
             _wait_for_n_workers(d.client, 2)
+
+
+@pytest.mark.timeout(180)
+def test_closing_with_a_frozen_scheduler_ends_within_its_deadlines(tmp_path):
+    """A scheduler that stops answering (SIGSTOP: a hung node) while a batch is in flight:
+    closing the collector takes at most its bounded calls (``call_timeout`` each), not forever,
+    and what was committed stays."""
+    import signal
+
+    call_timeout = 3.0
+    (tmp_path / "cluster").mkdir()
+    with (cli_cluster(tmp_path / "cluster", n_workers=1) as (sched, procs),
+          deploy.connect(scheduler_address(sched)) as d):
+        d.client.wait_for_workers(1, timeout=120)
+        collector = daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=d.client,
+                                     envs_per_worker=2, frames_per_batch=20,
+                                     total_frames=2_000_000, call_timeout=call_timeout,
+                                     sync=False, batches_in_flight=2)
+        first = next(iter(collector))
+        assert collector.in_flight >= 1  # the next batch is on its way
+        os.killpg(procs.procs["scheduler"].pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            collector.close()
+            took = time.monotonic() - started
+        finally:
+            os.killpg(procs.procs["scheduler"].pid, signal.SIGCONT)
+        # unpublishing and unregistering the worker plugin are bounded by call_timeout
+        assert took < 2 * call_timeout + 5, took
+    assert daskrl.open_store(str(tmp_path / "s")).handle(first.batch_id).frames == 20
