@@ -328,7 +328,12 @@ class Collector:
         return self._iterate(run)
 
     def _iterate(self, run: Run) -> Iterator[BatchHandle]:
-        while (handle := run.next_fetched() or self.client.sync(run.next_handle)) is not None:
+        while True:
+            handle = run.next_fetched()
+            if handle is None:
+                handle = self.client.sync(run.next_handle)
+                if handle is None:
+                    return
             yield self._log(run, handle)
 
     def __aiter__(self) -> AsyncIterator[BatchHandle]:
