@@ -46,6 +46,26 @@ def test_one_worker_makes_the_copy_the_others_read_it(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_a_worker_that_claims_after_the_copy_was_made_reads_it_instead(tmp_path):
+    """Worker B finds no copy of v2, then worker A makes it and releases its lock, then B
+    claims: B gets no claim, reads A's copy, and the host fetches v2 once, not twice."""
+    a, b = HostCopies("c6", directory=str(tmp_path)), HostCopies("c6", directory=str(tmp_path))
+    assert b.manifest("v2", wait=False) is None  # B looks: nothing yet
+    assert a.claim("v2")
+    a.publish("v2", snapshot(_policy(2.0), 2))  # A makes the copy; its lock is released
+    assert not (tmp_path / "daskrl-host-c6-v2.lock").exists()
+    assert not b.claim("v2")
+    assert not (tmp_path / "daskrl-host-c6-v2.lock").exists()  # B's try left no lock
+    copy = b.manifest("v2", wait=True)
+    assert copy is not None and copy.version == 2
+    # a manifest whose segment is gone (its maker was killed) is no reason to refuse a claim
+    os.unlink(copy.path)
+    assert b.claim("v2")
+    b.release("v2")
+    a.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_lock_left_by_a_dead_worker_is_taken_over(tmp_path):
     copies = HostCopies("c2", directory=str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],

@@ -72,7 +72,9 @@ class HostCopies:
             time.sleep(0.02)
 
     def claim(self, key: str) -> bool:
-        """Become the worker that makes the host's copy of ``key`` (False: another is)."""
+        """Become the worker that makes the host's copy of ``key`` (False: another is, or
+        made it since the caller last looked: a worker that found no copy and then claims
+        after the maker released its lock finds the copy, and fetches nothing)."""
         lock = self._path(key, ".lock")
         try:
             fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -86,6 +88,10 @@ class HostCopies:
             return False
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
+        made = self.manifest(key, wait=False)
+        if made is not None and os.path.exists(made.path):
+            self.release(key)
+            return False
         return True
 
     def release(self, key: str) -> None:
