@@ -269,7 +269,7 @@ def test_replay_stacked_minibatches_with_two_loader_workers(tmp_path):
     _tagged_store(url, 6)
     ds = daskrl.ReplayDataset(url, ["origin", "value"], samples_per_batch=32, num_samples=200,
                               batch_size=32, resident_batches=4, window=5)
-    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2, timeout=120))
     assert sum(len(b["value"]) for b in batches) == 200
     for b in batches:
         assert b["value"].shape[0] <= 32 and b["origin"].shape == b["value"].shape

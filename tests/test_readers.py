@@ -122,7 +122,7 @@ def test_transition_dataset_epoch_with_two_loader_workers(store_url):
     ds = daskrl.TransitionDataset(store_url, ["episode_id", "step", "observation"])
     assert len(ds) == 76
     seen = []
-    loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2)
+    loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2, timeout=120)
     for batch in loader:
         assert batch["observation"].shape[1:] == (2,)
         seen += list(zip(batch["episode_id"].tolist(), batch["step"].tolist()))
