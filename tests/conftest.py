@@ -27,6 +27,7 @@ only, lazily (so the unit tier does not import it), and test files take it from 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -265,13 +266,26 @@ def cleanup():
         yield
 
 
+CLOSE_TIMEOUT_S = 60
+"""How long a fixture's client or cluster may take to close: a close stuck on a worker thread
+fails the test's teardown instead of hanging it (it may run after the test's timeout fired)."""
+
+
+@contextlib.contextmanager
+def _closing(cluster_or_client):
+    try:
+        yield cluster_or_client
+    finally:
+        cluster_or_client.close(timeout=CLOSE_TIMEOUT_S)
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """Two spawn-started worker processes, one thread each, shared by the session's tests."""
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None, silence_logs=logging.ERROR) as cluster:
+    with _closing(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                               dashboard_address=None, silence_logs=logging.ERROR)) as cluster:
         yield cluster
 
 
@@ -281,7 +295,7 @@ def client(cluster):
 
     from daskrl.weights._segments import shared_memory_dir
 
-    with Client(cluster, set_as_default=False) as client:
+    with _closing(Client(cluster, set_as_default=False)) as client:
         yield client
         # Each test leaves the shared cluster as it found it, and no weights in shared memory.
         assert not client.list_datasets(), client.list_datasets()
@@ -294,9 +308,9 @@ def inproc_client():
     from distributed import Client, LocalCluster
 
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                     dashboard_address=None, silence_logs=logging.ERROR) as cluster,
-        Client(cluster, set_as_default=False) as client,
+        _closing(LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                              dashboard_address=None, silence_logs=logging.ERROR)) as cluster,
+        _closing(Client(cluster, set_as_default=False)) as client,
     ):
         yield client
 
