@@ -139,15 +139,15 @@ def test_collector_on_s3_then_readers_and_housekeeping(s3, inproc_client):
     frames = store.to_dask(["reward"])["reward"]
     assert frames.shape == (48,) and float(frames.sum().compute()) == float(
         sum(store.load(b)["reward"].sum() for b in store.batch_ids()))
-    # a replay buffer on S3, loaded by two DataLoader worker processes: started by a fork
-    # server, not forked from this process, whose cluster, S3 client and S3 server threads
-    # may hold a lock at the moment of a fork; a worker that hangs anyway fails in 120 s
+    # a replay buffer on S3, loaded by two DataLoader worker processes (forked from this
+    # process and its threads: one stuck at the fork fails the test in 120 s, not hangs it;
+    # a forkserver context would leave multiprocessing's forkserver running, which the
+    # embedded clusters of later tests would then not use)
     from torch.utils.data import DataLoader
 
     replay = daskrl.ReplayDataset(url, ["observation", "next_observation"], samples_per_batch=4,
                                   num_samples=16, storage_options=options)
-    got = list(DataLoader(replay, batch_size=4, num_workers=2, timeout=120,
-                          multiprocessing_context="forkserver"))
+    got = list(DataLoader(replay, batch_size=4, num_workers=2, timeout=120))
     assert len(got) == 4
     for b in got:
         np.testing.assert_array_equal((b["next_observation"] - b["observation"]).numpy(),

@@ -61,6 +61,7 @@ def test_named(inproc_client):
 @pytest.fixture
 def suite(pytester):
     shutil.copy(CONFTEST, pytester.path / "conftest.py")
+    shutil.copy(CONFTEST.parent / "hang_guard.py", pytester.path / "hang_guard.py")  # it loads
     shutil.copy(CONFTEST.parent.parent / "pyproject.toml", pytester.path / "pyproject.toml")
     (pytester.path / "unit").mkdir()
     (pytester.path / "unit" / "__init__.py").write_text("")
