@@ -22,7 +22,7 @@ import pytest
 
 
 @pytest.fixture
-def slow_teardown(tmp_path_factory):
+def slow_teardown():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     with open({pid_file!r}, "w") as f:
         f.write(str(child.pid))
@@ -61,12 +61,14 @@ def test_a_teardown_stuck_past_the_timeout_ends_the_run_with_stacks_and_no_child
     assert took < 60, took  # not the teardown's 600 s, nor the C-level watchdog's extra 60
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while psutil.pid_exists(child) and time.monotonic() < deadline:
-        try:
-            if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
-            break
+    while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    alive = psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE
-    assert not alive, f"the hung run's child {child} outlived it"
+    assert _gone(child), f"the hung run's child {child} outlived it"
+
+
+def _gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie waiting for its reaper."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

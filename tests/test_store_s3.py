@@ -140,9 +140,7 @@ def test_collector_on_s3_then_readers_and_housekeeping(s3, inproc_client):
     assert frames.shape == (48,) and float(frames.sum().compute()) == float(
         sum(store.load(b)["reward"].sum() for b in store.batch_ids()))
     # a replay buffer on S3, loaded by two DataLoader worker processes (forked from this
-    # process and its threads: one stuck at the fork fails the test in 120 s, not hangs it;
-    # a forkserver context would leave multiprocessing's forkserver running, which the
-    # embedded clusters of later tests would then not use)
+    # process and its threads: one stuck at the fork fails the test in 120 s, not hangs it)
     from torch.utils.data import DataLoader
 
     replay = daskrl.ReplayDataset(url, ["observation", "next_observation"], samples_per_batch=4,
