@@ -17,10 +17,12 @@ Workloads (synthetic, deterministic):
   compressible), ``float32 [.., 6]`` actions, log-probs, rewards, flags, ids; ~0.8 MiB per
   batch, so per-file costs show.
 
-Both sides write to the page cache (no fsync; ``os.sync()`` before each timing so that no
-write-back of earlier data competes) and read what they just wrote (hot cache), so the ratios
-compare CPU and system-call costs, not the disk.  Repeats interleave the methods and each timing
-is the fastest of ``--repeats``.  On a shared machine the numbers are noisy.
+Both sides write to the page cache (no fsync; ``os.sync()`` before each repeat's writes and
+before its reads, so that no write-back of earlier data competes) and read what they just wrote
+(hot cache), so the ratios compare CPU and system-call costs, not the disk.  The methods take
+turns batch by batch, so that the file system's drift (2x within a minute on a shared machine)
+falls on all of them alike; each repeat gives each method one ratio against the floor, and the
+table gives the median over the repeats with its range.  MiB/s are each method's best repeat.
 
 Run:  python benchmarks/bench_store.py [--mib 256] [--repeats 3] [--dir /tmp] [--json out.json]
 """
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -90,11 +91,10 @@ def _meta(arrays: dict[str, np.ndarray]) -> dict:
             "episode_returns": [], "episode_lengths": [], "shape": [T, E]}
 
 
-def _timed(fn) -> float:
-    os.sync()  # earlier writes reach the disk first: no write-back competes with the timing
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    mid = len(ys) // 2
+    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
 
 
 def run(workload: str, mib: int, repeats: int, base: str) -> list[dict]:
@@ -106,72 +106,93 @@ def run(workload: str, mib: int, repeats: int, base: str) -> list[dict]:
     batches = [distinct[i % len(distinct)] for i in range(n)]
     total = n * per_batch
     methods = ["floor", "none", "zstd", "lz4"]
-    best = {m: [math.inf, math.inf] for m in methods}
+    # Seconds per method and repeat, summed over the batches: [write, read].
+    times = {m: [[0.0, 0.0] for _ in range(repeats)] for m in methods}
     on_disk: dict[str, int] = {}
+    clock = time.perf_counter
 
-    def floor_write(d: str) -> None:
-        os.makedirs(d)
-        for i, arrays in enumerate(batches):
-            bd = os.path.join(d, str(i))
-            os.mkdir(bd)
-            for k, a in arrays.items():
-                a.tofile(os.path.join(bd, k))
+    def floor_write(d: str, i: int) -> None:
+        bd = os.path.join(d, str(i))
+        os.mkdir(bd)
+        for k, a in batches[i].items():
+            a.tofile(os.path.join(bd, k))
 
-    def floor_read(d: str) -> None:
-        for i, arrays in enumerate(batches):
-            bd = os.path.join(d, str(i))
-            # A batch's arrays are held together, as a loader returns them, and dropped before
-            # the next batch (as store_read does). Dropping each array before reading the next
-            # would let every read land in memory still in the CPU cache: that measures the
-            # cache, not the read.
-            batch = {k: np.fromfile(os.path.join(bd, k), a.dtype).reshape(a.shape)
-                     for k, a in arrays.items()}
-            del batch
+    def floor_read(d: str, i: int) -> None:
+        bd = os.path.join(d, str(i))
+        # A batch's arrays are held together, as a loader returns them, and dropped after the
+        # batch (as the store's load is): dropping each array before reading the next would let
+        # every read land in memory still in the CPU cache.
+        batch = {k: np.fromfile(os.path.join(bd, k), a.dtype).reshape(a.shape)
+                 for k, a in batches[i].items()}
+        del batch
 
-    def store_write(d: str, comp: str) -> None:
-        w = TrajectoryStore(d, read_only=False)
-        w.initialize()
-        for i, arrays in enumerate(batches):
-            w.write_batch(i, arrays, _meta(arrays), compression=comp)
-
-    def store_read(d: str) -> None:
-        reader = TrajectoryStore(d)
-        for bid in reader.batch_ids():
-            reader.load(bid)
-
-    # Repeats interleave the methods (noise hits all alike); every copy is kept until the end
-    # of the workload (deleting files while timing others adds the file system's discards).
+    # The methods take turns batch by batch (the order rotating from batch to batch), writes
+    # first, then reads: on a shared machine the file system's speed drifts by 2x within a
+    # minute here, and a drift then falls on every method alike instead of on whichever method
+    # ran while it lasted. Each repeat gives one ratio per method (its time against the
+    # floor's over the same batches); the table gives the median ratio and its range.
     for r in range(repeats):
+        dirs = {m: os.path.join(base, f"{workload}-{m}-{r}") for m in methods}
+        writers: dict[str, TrajectoryStore] = {}
+        os.sync()  # earlier repeats' data reaches the disk first
         for m in methods:
-            d = os.path.join(base, f"{workload}-{m}-{r}")
+            t0 = clock()
             if m == "floor":
-                w = _timed(lambda d=d: floor_write(d))
-                rd = _timed(lambda d=d: floor_read(d))
+                os.makedirs(dirs[m])
             else:
-                w = _timed(lambda d=d, m=m: store_write(d, m))
-                rd = _timed(lambda d=d: store_read(d))
-                if r == 0:
-                    reader = TrajectoryStore(d)
-                    assert len(reader) == n
-                    got = reader.load(n - 1)
-                    for k, a in batches[-1].items():
-                        assert np.array_equal(got[k].numpy(), a), k
-                    on_disk[m] = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in
-                                     os.walk(os.path.join(d, "batches")) for f in fs)
-            best[m] = [min(best[m][0], w), min(best[m][1], rd)]
+                writers[m] = TrajectoryStore(dirs[m], read_only=False)
+                writers[m].initialize()
+            times[m][r][0] += clock() - t0
+        for i, arrays in enumerate(batches):
+            for j in range(len(methods)):
+                m = methods[(i + j) % len(methods)]
+                t0 = clock()
+                if m == "floor":
+                    floor_write(dirs[m], i)
+                else:
+                    writers[m].write_batch(i, arrays, _meta(arrays), compression=m)
+                times[m][r][0] += clock() - t0
+        os.sync()  # no write-back competes with the reads
+        readers: dict[str, TrajectoryStore] = {}
+        for m in methods[1:]:
+            t0 = clock()
+            readers[m] = TrajectoryStore(dirs[m])
+            assert readers[m].batch_ids() == list(range(n))
+            times[m][r][1] += clock() - t0
+        for i in range(n):
+            for j in range(len(methods)):
+                m = methods[(i + j) % len(methods)]
+                t0 = clock()
+                if m == "floor":
+                    floor_read(dirs[m], i)
+                else:
+                    readers[m].load(i)
+                times[m][r][1] += clock() - t0
+        if r == 0:
+            for m in methods[1:]:
+                got = readers[m].load(n - 1)
+                for k, a in batches[-1].items():
+                    assert np.array_equal(got[k].numpy(), a), (m, k)
+                on_disk[m] = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in
+                                 os.walk(os.path.join(dirs[m], "batches")) for f in fs)
+    # Every copy is kept until the end of the workload (deleting files while timing others
+    # adds the file system's discards).
     for r in range(repeats):
         for m in methods:
             shutil.rmtree(os.path.join(base, f"{workload}-{m}-{r}"), ignore_errors=True)
     rows = []
-    wf, rf = best["floor"]
     for m in methods:
-        w, rd = best[m]
+        ratios = [[times["floor"][r][k] / times[m][r][k] for r in range(repeats)]
+                  for k in (0, 1)]
+        w, rd = (min(times[m][r][k] for r in range(repeats)) for k in (0, 1))
         rows.append({
             "workload": workload,
             "method": "numpy tofile/fromfile (floor)" if m == "floor" else f"daskrl store, {m}",
             "MiB": total / 2**20, "batches": n, "write_MiB_s": total / 2**20 / w,
             "read_MiB_s": total / 2**20 / rd, "ratio": 1.0 if m == "floor" else total / on_disk[m],
-            "write_vs_floor": wf / w, "read_vs_floor": rf / rd,
+            "write_vs_floor": _median(ratios[0]), "read_vs_floor": _median(ratios[1]),
+            "write_vs_floor_range": [min(ratios[0]), max(ratios[0])],
+            "read_vs_floor_range": [min(ratios[1]), max(ratios[1])],
         })
     return rows
 
@@ -190,19 +211,26 @@ def main() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     head = (f"{'workload':8s} {'method':32s} {'MiB':>6s} {'batches':>7s} {'write MiB/s':>11s} "
-            f"{'read MiB/s':>10s} {'ratio':>6s} {'write/floor':>11s} {'read/floor':>10s}")
+            f"{'read MiB/s':>10s} {'ratio':>6s} {'write/floor':>17s} {'read/floor':>17s}")
     print(head)
     print("-" * len(head))
+
+    def spread(r: dict, k: str) -> str:
+        lo, hi = r[f"{k}_vs_floor_range"]
+        return f"{r[f'{k}_vs_floor']:.2f} [{lo:.2f}-{hi:.2f}]"
+
     for r in rows:
         print(f"{r['workload']:8s} {r['method']:32s} {r['MiB']:6.0f} {r['batches']:7d} "
               f"{r['write_MiB_s']:11.0f} {r['read_MiB_s']:10.0f} {r['ratio']:6.2f} "
-              f"{r['write_vs_floor']:11.2f} {r['read_vs_floor']:10.2f}")
-    print("\ntargets (issue 14): the default codec (zstd) at >= 0.8 of the floor on vector "
+              f"{spread(r, 'write'):>17s} {spread(r, 'read'):>17s}")
+    print(f"\n(ratios against the floor: median [range] over {args.repeats} repeats, the methods "
+          "taking turns batch by batch)")
+    print("targets (issue 14): the default codec (zstd) at >= 0.8 of the floor on vector "
           "batches, both ways; pixels still compressed")
     for r in rows:
         if r["method"] == "daskrl store, zstd":
-            print(f"  {r['workload']:8s} default zstd: write {r['write_vs_floor']:.2f}, read "
-                  f"{r['read_vs_floor']:.2f} of the floor; store {r['ratio']:.2f}x smaller")
+            print(f"  {r['workload']:8s} default zstd: write {spread(r, 'write')}, read "
+                  f"{spread(r, 'read')} of the floor; store {r['ratio']:.2f}x smaller")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
