@@ -18,17 +18,15 @@ starts remains.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import dask
 from distributed import Nanny
 
+from daskrl._semaphores import queue_locks, release_semaphore_names
 from daskrl.deploy import _forkserver
 
-__all__ = ["EmbeddedNanny", "ParentNanny", "release_queue_names"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["EmbeddedNanny", "ParentNanny", "release_worker_queue_names"]
 
 DAEMON_KEY = "distributed.worker.daemon"
 _DEFAULTS = {DAEMON_KEY: True, _forkserver.METHOD_KEY: "spawn"}  # distributed's own
@@ -90,10 +88,7 @@ class EmbeddedNanny(ParentNanny):
 
     async def instantiate(self) -> Any:
         status = await super().instantiate()
-        process = getattr(self, "process", None)
-        if process is not None:
-            release_queue_names(getattr(process, "init_result_q", None),
-                                getattr(process, "child_stop_q", None))
+        release_worker_queue_names(self)
         return status
 
     async def close(self, *args: Any, **kwargs: Any) -> Any:
@@ -107,45 +102,11 @@ class EmbeddedNanny(ParentNanny):
                     _forkserver.stop_if_idle()
 
 
-def release_queue_names(*queues: Any) -> int:
-    """Unlink the named semaphores of ``multiprocessing`` queues this process created, whose
-    other users have opened them already; return how many names were unlinked.
-
-    Best effort: the queues and semaphores keep working; their finalizers and the resource
-    tracker's record are dropped with the names, so that nothing unlinks them twice.
-    """
-    import importlib
-    from multiprocessing import resource_tracker, util
-    from multiprocessing.synchronize import SemLock
-
-    try:
-        sem_unlink = importlib.import_module("_multiprocessing").sem_unlink
-    except (ImportError, AttributeError):  # a Python without named semaphores
+def release_worker_queue_names(nanny: Nanny) -> int:
+    """Once ``nanny`` has started its worker process (which has opened them), unlink the names
+    of the two queues' semaphores they share; return how many names were unlinked."""
+    process = getattr(nanny, "process", None)
+    if process is None:
         return 0
-    cleanup = getattr(SemLock, "_cleanup", None)  # private, as below: 3.8 to 3.13 alike
-    registry = getattr(util, "_finalizer_registry", None)
-    if cleanup is None or registry is None:
-        return 0
-    names = set()
-    for queue in queues:
-        for attr in ("_rlock", "_wlock", "_sem"):  # multiprocessing.Queue's semaphores
-            lock = getattr(queue, attr, None)
-            name = getattr(getattr(lock, "_semlock", None), "name", None)
-            if isinstance(lock, SemLock) and name:
-                names.add(name)
-    if not names:
-        return 0
-    finalizers = [f for f in list(registry.values())
-                  if getattr(f, "_callback", None) is cleanup
-                  and getattr(f, "_args", (None,))[0] in names]
-    done = 0
-    for f in finalizers:
-        name = f._args[0]
-        f.cancel()
-        try:
-            sem_unlink(name)
-            done += 1
-        except OSError:  # gone already
-            logger.debug("semaphore %s was unlinked already", name)
-        resource_tracker.unregister(name, "semaphore")
-    return done
+    return release_semaphore_names(*queue_locks(getattr(process, "init_result_q", None),
+                                                getattr(process, "child_stop_q", None)))

@@ -17,10 +17,23 @@ from numcodecs import blosc as _blosc
 from numcodecs import zstd as _zstd
 
 from daskrl._checksums import crc32c
+from daskrl._semaphores import release_semaphore_names
 from daskrl.errors import StoreError
 from daskrl.store._format.allowlist import ArrayLayout
 
 __all__ = ["ChunkError", "check_blosc_header", "check_crc32c_tail", "decode_chunk"]
+
+
+def _unname_blosc_mutex() -> None:
+    """numcodecs' blosc keeps one ``multiprocessing.Lock`` per process, made on first use. In
+    a process started by spawn or a forkserver (a Dask worker) that is a named semaphore, which
+    the worker, killed with its resource tracker, would leave in ``/dev/shm``. Make it now and
+    drop its name: no other process opens it by name (a forked child inherits it as it is)."""
+    get_mutex = getattr(_blosc, "get_mutex", None)  # numcodecs >= 0.14
+    release_semaphore_names(get_mutex() if callable(get_mutex) else getattr(_blosc, "mutex", None))
+
+
+_unname_blosc_mutex()
 
 
 def _zstd_content_size(buf: np.ndarray) -> int | None:
