@@ -9,6 +9,7 @@ them (``/proc/<pid>/maps``), not by a listing of ``/dev/shm``: other programs ma
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,7 +19,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cli_cluster import process_group_alive, wait_for_first_commit
+from cli_cluster import (
+    Processes,
+    process_group_alive,
+    scheduler_address,
+    scheduler_args,
+    wait_for_file,
+    wait_for_first_commit,
+    worker_args,
+)
 from distributed import Client
 
 from daskrl.deploy import local_cluster
@@ -31,13 +40,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _linked_semaphores(pid: int) -> set[str]:
     """The ``/dev/shm/sem.*`` files process ``pid`` maps that still have a name (a kill now
-    would leave them)."""
-    out = set()
+    would leave them). Told by inode: a semaphore's creator maps it under glibc's temporary
+    name, which is gone as soon as it is made."""
+    inodes = set()
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
         parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].startswith("/dev/shm/sem.") \
-                and not parts[5].endswith("(deleted)"):
-            out.add(parts[5])
+        if len(parts) == 6 and parts[5].startswith("/dev/shm/sem."):
+            inodes.add(int(parts[4]))
+    out = set()
+    for f in Path("/dev/shm").glob("sem.*"):
+        with contextlib.suppress(FileNotFoundError):
+            if f.stat().st_ino in inodes:
+                out.add(str(f))
     return out
 
 
@@ -109,4 +123,79 @@ def test_learner_killed_with_its_process_group_leaves_no_semaphore_files(tmp_pat
             p.kill()
         for f in named:  # never leave them, pass or fail
             Path(f).unlink(missing_ok=True)
+        # The killed learner's weights segment: the next learner's sweep would remove it
+        # (daskrl/weights/_segments.py); the test does not leave it for one.
+        for f in Path("/dev/shm").glob(f"daskrl-weights-{child.pid}-*"):
+            f.unlink(missing_ok=True)
         log.close()
+
+
+def _workers(client: Client) -> dict[int, int]:
+    """Nanny pid -> its worker process's pid, for every worker (a CLI nanny is its parent)."""
+    got = client.run(lambda: (os.getpid(), os.getppid()), on_error="ignore")  # none killed
+    return {ppid: pid for pid, ppid in got.values()}
+
+
+def _names_go(pid: int, timeout: float = 30) -> None:
+    """Wait until worker process ``pid`` maps no named semaphore. A worker joins the scheduler
+    (and answers ``client.run``) before its nanny has heard that it started, which is when the
+    nanny unlinks the names: the window of a worker start."""
+    deadline = time.monotonic() + timeout
+    while named := _linked_semaphores(pid):
+        assert time.monotonic() < deadline, f"still named {timeout} s after the start: {named}"
+        time.sleep(0.1)
+
+
+def test_dask_workers_killed_whole_leave_semaphore_files_unless_the_nanny_preload_ran(tmp_path):
+    """``dask worker --preload-nanny daskrl.deploy.nanny_preload`` (how the SLURM recipes start
+    their workers): once its worker process is up, and again after the nanny restarts it, the
+    queues they share hold no names, so a SIGKILL to the whole job (nanny, worker, resource
+    tracker: a batch system's end of a job) leaves no file. The same kill of a worker started
+    without it leaves its six. (The worker process opens them by name; the nanny's mappings
+    show glibc's temporary names, so the worker's are the ones to read.)"""
+    procs = Processes(tmp_path)
+    sched = tmp_path / "scheduler.json"
+    left: set[str] = set()
+    try:
+        procs.start("scheduler", scheduler_args(sched))
+        wait_for_file(sched, procs)
+        plain = procs.start("plain", worker_args(sched, "plain"))
+        preloaded = procs.start("preloaded", [*worker_args(sched, "preloaded"), "--preload-nanny",
+                                              "daskrl.deploy.nanny_preload"])
+        with Client(scheduler_address(sched), set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=120)
+            workers = _workers(client)
+            assert set(workers) == {plain.pid, preloaded.pid}, (workers, procs.logs())
+            left = _linked_semaphores(workers[plain.pid])
+            assert len(left) == 6, left  # without the preload: named, a kill leaves them
+            first = workers[preloaded.pid]
+            assert _mapped_semaphores(first) >= 6  # with it: in use ...
+            _names_go(first)  # ... and unnamed
+            os.kill(first, signal.SIGKILL)  # its nanny starts a new worker process
+            deadline = time.monotonic() + 120
+            while _workers(client).get(preloaded.pid) in (None, first):
+                assert time.monotonic() < deadline, "the nanny did not restart its worker"
+                time.sleep(0.2)
+            second = _workers(client)[preloaded.pid]
+            assert _mapped_semaphores(second) >= 6
+            _names_go(second)  # the new queues too
+            assert client.submit(sum, [1, 2], workers=["preloaded"]).result() == 3
+            for proc in (plain, preloaded):
+                os.killpg(proc.pid, signal.SIGKILL)  # the job, tracker included, at once
+                proc.wait(timeout=60)
+            deadline = time.monotonic() + 60
+            while any(process_group_alive(p.pid) for p in (plain, preloaded)):
+                assert time.monotonic() < deadline, "the killed workers' processes are still alive"
+                time.sleep(0.1)
+        assert sorted(f for f in left if os.path.exists(f)) == sorted(left)  # the plain ones
+    finally:
+        procs.kill_all()
+        for f in left:  # never leave them, pass or fail
+            Path(f).unlink(missing_ok=True)
+
+
+def test_the_nanny_preload_refuses_to_run_in_a_worker():
+    from daskrl.deploy import nanny_preload
+
+    with pytest.raises(TypeError, match="pass it with --preload-nanny, not --preload"):
+        nanny_preload.dask_setup(object())

@@ -77,7 +77,9 @@ def slurm_cluster(settings: Settings | None = None, **overrides: Any) -> Any:
         "queue": s.partition,
         "account": s.account,
         "walltime": s.walltime,
-        "worker_extra_args": ["--lifetime", s.lifetime, "--lifetime-stagger", s.lifetime_stagger],
+        "worker_extra_args": ["--lifetime", s.lifetime, "--lifetime-stagger", s.lifetime_stagger,
+                              # a job killed whole leaves no semaphore files in /dev/shm
+                              "--preload-nanny", "daskrl.deploy.nanny_preload"],
         "death_timeout": s.death_timeout,
         "interface": s.interface,
         "job_script_prologue": [

@@ -2,7 +2,9 @@
 # Start this node's Dask workers for daskrl and wait for them: one worker per GPU of the job
 # (CUDA_VISIBLE_DEVICES narrowed to that GPU, DASKRL_DEVICE=cuda), or, with
 # DASKRL_CPU_WORKERS=N, N CPU workers (DASKRL_DEVICE=cpu). Each worker has one thread and
-# node-local scratch. Run once per node: `srun bash start-workers.sh` (see workers.sbatch).
+# node-local scratch; its nanny unlinks the names of the semaphores it shares with its worker
+# (daskrl.deploy.nanny_preload), so a job killed whole leaves no files in /dev/shm. Run once
+# per node: `srun bash start-workers.sh` (see workers.sbatch).
 set -euo pipefail
 # shellcheck source=common.sh
 source "${DASKRL_SBATCH_DIR:-$(dirname "${BASH_SOURCE[0]}")}/common.sh"
@@ -24,6 +26,7 @@ start_worker() {  # name device [CUDA_VISIBLE_DEVICES]
     CUDA_VISIBLE_DEVICES="$3" DASKRL_DEVICE="$2" dask worker \
         --scheduler-file "$DASKRL_SCHEDULER_FILE" --name "$1" --nthreads 1 \
         --local-directory "$scratch/$1" --no-dashboard ${lifetime[@]+"${lifetime[@]}"} \
+        --preload-nanny daskrl.deploy.nanny_preload \
         ${DASK_NET_ARGS[@]+"${DASK_NET_ARGS[@]}"} ${DASK_TLS_ARGS[@]+"${DASK_TLS_ARGS[@]}"} &
 }
 
