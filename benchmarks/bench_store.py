@@ -126,6 +126,16 @@ def run(workload: str, mib: int, repeats: int, base: str) -> list[dict]:
                  for k, a in batches[i].items()}
         del batch
 
+    def take_turns(r: int, k: int, op) -> None:
+        """``op(method, i)`` for every batch ``i``, the methods in turn (rotating from batch to
+        batch), each call's time added to ``times[method][r][k]``."""
+        for i in range(n):
+            for j in range(len(methods)):
+                m = methods[(i + j) % len(methods)]
+                t0 = clock()
+                op(m, i)
+                times[m][r][k] += clock() - t0
+
     # The methods take turns batch by batch (the order rotating from batch to batch), writes
     # first, then reads: on a shared machine the file system's speed drifts by 2x within a
     # minute here, and a drift then falls on every method alike instead of on whichever method
@@ -143,15 +153,8 @@ def run(workload: str, mib: int, repeats: int, base: str) -> list[dict]:
                 writers[m] = TrajectoryStore(dirs[m], read_only=False)
                 writers[m].initialize()
             times[m][r][0] += clock() - t0
-        for i, arrays in enumerate(batches):
-            for j in range(len(methods)):
-                m = methods[(i + j) % len(methods)]
-                t0 = clock()
-                if m == "floor":
-                    floor_write(dirs[m], i)
-                else:
-                    writers[m].write_batch(i, arrays, _meta(arrays), compression=m)
-                times[m][r][0] += clock() - t0
+        take_turns(r, 0, lambda m, i, d=dirs, w=writers: floor_write(d[m], i) if m == "floor"
+                   else w[m].write_batch(i, batches[i], _meta(batches[i]), compression=m))
         os.sync()  # no write-back competes with the reads
         readers: dict[str, TrajectoryStore] = {}
         for m in methods[1:]:
@@ -159,15 +162,8 @@ def run(workload: str, mib: int, repeats: int, base: str) -> list[dict]:
             readers[m] = TrajectoryStore(dirs[m])
             assert readers[m].batch_ids() == list(range(n))
             times[m][r][1] += clock() - t0
-        for i in range(n):
-            for j in range(len(methods)):
-                m = methods[(i + j) % len(methods)]
-                t0 = clock()
-                if m == "floor":
-                    floor_read(dirs[m], i)
-                else:
-                    readers[m].load(i)
-                times[m][r][1] += clock() - t0
+        take_turns(r, 1, lambda m, i, d=dirs, rd=readers: floor_read(d[m], i) if m == "floor"
+                   else rd[m].load(i))
         if r == 0:
             for m in methods[1:]:
                 got = readers[m].load(n - 1)
