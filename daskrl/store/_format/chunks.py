@@ -29,7 +29,7 @@ def _unname_blosc_mutex() -> None:
     a process started by spawn or a forkserver (a Dask worker) that is a named semaphore, which
     the worker, killed with its resource tracker, would leave in ``/dev/shm``. Make it now and
     drop its name: no other process opens it by name (a forked child inherits it as it is)."""
-    get_mutex = getattr(_blosc, "get_mutex", None)  # numcodecs >= 0.14
+    get_mutex = getattr(_blosc, "get_mutex", None)  # as in numcodecs 0.16; else `mutex`
     release_semaphore_names(get_mutex() if callable(get_mutex) else getattr(_blosc, "mutex", None))
 
 
