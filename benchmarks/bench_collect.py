@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import multiprocessing as mp
 import os
 import tempfile
@@ -363,7 +364,9 @@ def run_daskrl(client: Client, workload: tuple[object, torch.nn.Module, dict], u
                              for a in arrivals.values()),
         # each worker's handles after its first task's, over the time since (summed): a long
         # run's rate, without the first task's latency (start-up is bench_startup's)
-        "steady_fps": sum(FRAMES_PER_BATCH / steady_batch(a, per_task) for a in arrivals.values()),
+        # (none with a single task per worker: its handles arrive together)
+        "steady_fps": (sum(FRAMES_PER_BATCH / steady_batch(a, per_task) for a in arrivals.values())
+                       if all(len(a) - 1 > per_task for a in arrivals.values()) else math.nan),
     }
 
 
@@ -391,6 +394,8 @@ def summary(runs: list[dict], ceilings: list[Ceiling]) -> dict:
 
 def spread(ratios: list[float]) -> str:
     """``0.91 [0.88-0.93]``: the median ratio and its range over the repeats."""
+    if any(math.isnan(r) for r in ratios):
+        return "n/a"  # not measured (steady: one task per worker)
     med = float(np.median(ratios))
     return f"{med:.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if len(ratios) > 1 else f"{med:.2f}"
 
