@@ -132,7 +132,7 @@ def test_learner_killed_with_its_process_group_leaves_no_semaphore_files(tmp_pat
 
 def _workers(client: Client) -> dict[int, int]:
     """Nanny pid -> its worker process's pid, for every worker (a CLI nanny is its parent)."""
-    got = client.run(lambda: (os.getpid(), os.getppid()), on_error="ignore")  # none killed
+    got = client.run(lambda: (os.getpid(), os.getppid()), on_error="ignore")  # not the killed
     return {ppid: pid for pid, ppid in got.values()}
 
 
