@@ -2,7 +2,8 @@
 
 Each process is the leader of its own session (a separate process tree, as on separate nodes),
 listens on loopback only, and is killed with its whole tree when the fixture ends, pass or
-fail. Also: a throwaway TLS certificate authority made with ``cryptography``.
+fail. Also: a throwaway TLS certificate authority made with ``cryptography``, and what a
+process's semaphores would leave in ``/dev/shm`` if it were killed now.
 """
 
 from __future__ import annotations
@@ -206,3 +207,36 @@ def make_tls_files(directory: Path, common_name: str = "daskrl-test") -> dict[st
         serialization.NoEncryption()))
     paths["key"].chmod(0o600)
     return paths
+
+
+def linked_semaphores(pid: int) -> set[str]:
+    """The ``/dev/shm/sem.*`` files process ``pid`` maps that still have a name (a kill now
+    would leave them). Told by inode: a semaphore's creator maps it under glibc's temporary
+    name, which is gone as soon as it is made."""
+    inodes = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith("/dev/shm/sem."):
+            inodes.add(int(parts[4]))
+    out = set()
+    for f in Path("/dev/shm").glob("sem.*"):
+        with contextlib.suppress(FileNotFoundError):
+            if f.stat().st_ino in inodes:
+                out.add(str(f))
+    return out
+
+
+def mapped_semaphores(pid: int) -> int:
+    """How many ``/dev/shm/sem.*`` mappings process ``pid`` has, named or not."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return sum("/dev/shm/sem." in line for line in maps)
+
+
+def wait_until_unnamed(pid: int, timeout: float = 30) -> None:
+    """Wait until worker process ``pid`` maps no named semaphore. A worker joins the scheduler
+    (and answers ``client.run``) before its nanny has heard that it started, which is when the
+    nanny unlinks the names: the window of a worker start."""
+    deadline = time.monotonic() + timeout
+    while named := linked_semaphores(pid):
+        assert time.monotonic() < deadline, f"still named {timeout} s after the start: {named}"
+        time.sleep(0.1)

@@ -9,7 +9,6 @@ them (``/proc/<pid>/maps``), not by a listing of ``/dev/shm``: other programs ma
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -21,11 +20,14 @@ import psutil
 import pytest
 from cli_cluster import (
     Processes,
+    linked_semaphores,
+    mapped_semaphores,
     process_group_alive,
     scheduler_address,
     scheduler_args,
     wait_for_file,
     wait_for_first_commit,
+    wait_until_unnamed,
     worker_args,
 )
 from distributed import Client
@@ -38,37 +40,15 @@ pytestmark = [pytest.mark.timeout(300),
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _linked_semaphores(pid: int) -> set[str]:
-    """The ``/dev/shm/sem.*`` files process ``pid`` maps that still have a name (a kill now
-    would leave them). Told by inode: a semaphore's creator maps it under glibc's temporary
-    name, which is gone as soon as it is made."""
-    inodes = set()
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].startswith("/dev/shm/sem."):
-            inodes.add(int(parts[4]))
-    out = set()
-    for f in Path("/dev/shm").glob("sem.*"):
-        with contextlib.suppress(FileNotFoundError):
-            if f.stat().st_ino in inodes:
-                out.add(str(f))
-    return out
-
-
-def _mapped_semaphores(pid: int) -> int:
-    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-    return sum("/dev/shm/sem." in line for line in maps)
-
-
 def test_started_workers_queues_hold_no_semaphore_names_and_still_work():
-    before = _linked_semaphores(os.getpid())
+    before = linked_semaphores(os.getpid())
     with local_cluster(2, tls=False) as cluster, Client(cluster, set_as_default=False) as client:
         client.wait_for_workers(2)
-        assert _mapped_semaphores(os.getpid()) >= 12  # the nannies' queues: in use, unnamed
-        assert _linked_semaphores(os.getpid()) - before == set()
+        assert mapped_semaphores(os.getpid()) >= 12  # the nannies' queues: in use, unnamed
+        assert linked_semaphores(os.getpid()) - before == set()
         pids = client.run(os.getpid)
         for pid in pids.values():
-            assert _linked_semaphores(pid) == set()
+            assert linked_semaphores(pid) == set()
         victim = next(iter(pids))
         os.kill(pids[victim], signal.SIGKILL)  # its nanny starts a new process: new queues
         deadline = time.monotonic() + 180
@@ -79,7 +59,7 @@ def test_started_workers_queues_hold_no_semaphore_names_and_still_work():
             assert time.monotonic() < deadline, "the nanny did not restart its worker"
             time.sleep(0.2)
         assert len(client.run(os.getpid)) == 2 and pids[victim] not in client.run(os.getpid).values()
-        assert _linked_semaphores(os.getpid()) - before == set()
+        assert linked_semaphores(os.getpid()) - before == set()
         assert client.submit(sum, [1, 2]).result() == 3
         workers = [psutil.Process(p) for p in client.run(os.getpid).values()]
     # the nannies stopped their workers through the unnamed queues: they exited, not killed
@@ -105,8 +85,8 @@ def test_learner_killed_with_its_process_group_leaves_no_semaphore_files(tmp_pat
         wait_for_first_commit(store, child, tmp_path / "collect.log")
         procs = [child.pid, *(p.pid for p in psutil.Process(child.pid).children(recursive=True))]
         for pid in procs:
-            named |= _linked_semaphores(pid)
-        assert _mapped_semaphores(child.pid) >= 12  # the nannies' queues are there
+            named |= linked_semaphores(pid)
+        assert mapped_semaphores(child.pid) >= 12  # the nannies' queues are there
         os.killpg(child.pid, signal.SIGKILL)  # learner, resource tracker, workers
         child.wait(timeout=60)
         deadline = time.monotonic() + 60
@@ -136,16 +116,6 @@ def _workers(client: Client) -> dict[int, int]:
     return {ppid: pid for pid, ppid in got.values()}
 
 
-def _names_go(pid: int, timeout: float = 30) -> None:
-    """Wait until worker process ``pid`` maps no named semaphore. A worker joins the scheduler
-    (and answers ``client.run``) before its nanny has heard that it started, which is when the
-    nanny unlinks the names: the window of a worker start."""
-    deadline = time.monotonic() + timeout
-    while named := _linked_semaphores(pid):
-        assert time.monotonic() < deadline, f"still named {timeout} s after the start: {named}"
-        time.sleep(0.1)
-
-
 def test_dask_workers_killed_whole_leave_semaphore_files_unless_the_nanny_preload_ran(tmp_path):
     """``dask worker --preload-nanny daskrl.deploy.nanny_preload`` (how the SLURM recipes start
     their workers): once its worker process is up, and again after the nanny restarts it, the
@@ -166,19 +136,19 @@ def test_dask_workers_killed_whole_leave_semaphore_files_unless_the_nanny_preloa
             client.wait_for_workers(2, timeout=120)
             workers = _workers(client)
             assert set(workers) == {plain.pid, preloaded.pid}, (workers, procs.logs())
-            left = _linked_semaphores(workers[plain.pid])
+            left = linked_semaphores(workers[plain.pid])
             assert len(left) == 6, left  # without the preload: named, a kill leaves them
             first = workers[preloaded.pid]
-            assert _mapped_semaphores(first) >= 6  # with it: in use ...
-            _names_go(first)  # ... and unnamed
+            assert mapped_semaphores(first) >= 6  # with it: in use ...
+            wait_until_unnamed(first)  # ... and unnamed
             os.kill(first, signal.SIGKILL)  # its nanny starts a new worker process
             deadline = time.monotonic() + 120
             while _workers(client).get(preloaded.pid) in (None, first):
                 assert time.monotonic() < deadline, "the nanny did not restart its worker"
                 time.sleep(0.2)
             second = _workers(client)[preloaded.pid]
-            assert _mapped_semaphores(second) >= 6
-            _names_go(second)  # the new queues too
+            assert mapped_semaphores(second) >= 6
+            wait_until_unnamed(second)  # the new queues too
             assert client.submit(sum, [1, 2], workers=["preloaded"]).result() == 3
             for proc in (plain, preloaded):
                 os.killpg(proc.pid, signal.SIGKILL)  # the job, tracker included, at once

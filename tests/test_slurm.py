@@ -22,7 +22,13 @@ import dask
 import pytest
 import torch
 import yaml
-from cli_cluster import Processes, make_tls_files, wait_for_file
+from cli_cluster import (
+    Processes,
+    make_tls_files,
+    mapped_semaphores,
+    wait_for_file,
+    wait_until_unnamed,
+)
 
 import daskrl
 from daskrl import deploy
@@ -81,33 +87,12 @@ def as_cli_options(options: dict) -> list[str]:
 def _worker_values():
     def worker_values(dask_worker) -> dict:  # nested: pickled by value, runs on any worker
         import os
-        import time
 
-        # The semaphores the worker maps (the two queues it shares with its nanny), and those
-        # still named, told by inode: a file a kill of the job would leave in /dev/shm. The
-        # nanny unlinks the names once it hears that the worker started, which may come after
-        # the worker joined the scheduler: up to 30 s are given.
-        with open("/proc/self/maps") as f:
-            inodes = {int(p[4]) for p in (line.split(maxsplit=5) for line in f)
-                      if len(p) == 6 and p[5].startswith("/dev/shm/sem.")}
-        deadline = time.monotonic() + 30
-        while True:
-            named = []
-            for name in os.listdir("/dev/shm"):
-                try:
-                    if name.startswith("sem.") and os.stat(f"/dev/shm/{name}").st_ino in inodes:
-                        named.append(name)
-                except FileNotFoundError:
-                    continue
-            if not named or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
         return {"lifetime": dask_worker.lifetime, "death_timeout": dask_worker.death_timeout,
                 "address": dask_worker.address, "nthreads": dask_worker.state.nthreads,
                 "local_directory": dask_worker.local_directory,
                 "DASKRL_DEVICE": os.environ.get("DASKRL_DEVICE"),
-                "SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID"),
-                "queue_semaphores": len(inodes), "named_semaphores": sorted(named)}
+                "SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID"), "pid": os.getpid()}
 
     return worker_values
 
@@ -123,8 +108,10 @@ def check_worker_values(values: dict, lifetime_s: float = LIFETIME_S,
     assert re.fullmatch(r"(tls|tcp)://127\.0\.0\.1:\d+", values["address"]), values
     assert values["nthreads"] == 1, values
     assert values["DASKRL_DEVICE"] == "cpu", values
-    # the recipe's nanny preload: the queues' semaphores in use, their names gone
-    assert values["queue_semaphores"] >= 6 and values["named_semaphores"] == [], values
+    # the recipe's nanny preload: the semaphores of the queues the worker shares with its
+    # nanny in use, their names gone (every test bed's workers run on this host)
+    assert mapped_semaphores(values["pid"]) >= 6, values
+    wait_until_unnamed(values["pid"])
 
 
 def check_collected(url: str, frames: int = FRAMES, per_batch: int = PER_BATCH) -> None:
