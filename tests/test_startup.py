@@ -2,7 +2,9 @@
 until a name needs it (PEP 562 ``__getattr__`` in daskrl, daskrl.collect, daskrl.store and
 daskrl.worker) while every public name still resolves; the embedded cluster's workers import
 their side as they start; ``daskrl collect`` starts the embedded cluster while the learner
-builds the policy, and a policy factory that fails then still exits 3 leaving no process."""
+builds the policy, and a policy factory that fails then still exits 3 leaving no process; a
+program read from standard input, which spawned workers cannot import, is refused before any
+worker starts (and runs when the workers fork)."""
 
 from __future__ import annotations
 
@@ -179,3 +181,49 @@ def test_a_failing_policy_factory_exits_3_and_closes_the_early_cluster(tmp_path)
         "spaces: RuntimeError: injected factory failure"), out.stderr
     assert children == 2
     assert not (tmp_path / "s").exists()  # no batch, no store: refused before collecting
+
+
+# A program read from standard input, as `python - <<EOF` runs one: it collects one batch on
+# the embedded cluster, whose workers import the program's main module again unless forked.
+STDIN_PROGRAM = """
+import gymnasium as gym, sys
+import daskrl
+from daskrl.policies import MLPPolicy
+
+env = gym.make("CartPole-v1")
+policy = MLPPolicy(env.observation_space, env.action_space)
+with daskrl.Collector("CartPole-v1", policy, sys.argv[1], num_workers=1, envs_per_worker=2,
+                      frames_per_batch=64, total_frames=64) as collector:
+    print("batches", sum(1 for _ in collector))
+"""
+
+
+def _run_from_stdin(store: str, program: str = STDIN_PROGRAM,
+                    **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-", store], input=program, text=True,
+                          capture_output=True, timeout=200, env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("program", [STDIN_PROGRAM, "from daskrl.deploy import local_cluster\n"
+                                     "local_cluster(1)\n"], ids=["Collector", "local_cluster"])
+def test_a_program_read_from_stdin_is_refused_before_any_worker_starts(tmp_path, program):
+    # Spawned and forkserver workers import the main module again: '<stdin>' made every
+    # nanny fail with a FileNotFoundError deep in multiprocessing ("Nanny failed to start").
+    out = _run_from_stdin(str(tmp_path / "s"), program=program)
+    assert out.returncode == 1, out
+    last = out.stderr.splitlines()[-1]
+    assert last.startswith("daskrl.errors.ConfigError: the embedded cluster's worker processes "
+                           "start by importing this program's main module, and this program "
+                           "was read from <stdin>"), out.stderr
+    assert "save it to a file and run that file" in last
+    assert "Nanny" not in out.stderr and "FileNotFoundError" not in out.stderr, out.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_program_read_from_stdin_collects_when_workers_fork(tmp_path):
+    # Forked workers inherit the main module instead of importing it: nothing to refuse.
+    out = _run_from_stdin(str(tmp_path / "s"),
+                          DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD="fork")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "batches 1"
+    assert len(daskrl.open_store(str(tmp_path / "s"))) == 1

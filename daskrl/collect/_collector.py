@@ -34,7 +34,7 @@ from daskrl.collect._resume import Resume, plan_resume, run_settings
 from daskrl.collect._run import Run
 from daskrl.collect._startup import start_on_cluster
 from daskrl.config import CollectorConfig, CollectorOptions
-from daskrl.deploy._cluster import dashboard_link, local_cluster
+from daskrl.deploy._cluster import check_main_importable, dashboard_link, local_cluster
 from daskrl.errors import CollectorClosedError, ConfigError, UsageError
 from daskrl.loggers._protocol import LoggerLike
 from daskrl.store._handles import BatchHandle
@@ -113,6 +113,8 @@ class Collector:
         self._run: Run | None = None
         self._metrics = MetricsFeed(loggers)
         # 1. Everything that can be checked on the learner, before any worker spends time.
+        if client is None and not str(store).startswith("memory://"):
+            check_main_importable()  # the embedded cluster's worker processes could start
         base = field_values(config) if config is not None else {}
         merged = {**base, **cast(dict[str, Any], options)}
         given = "envs_per_worker" in options or (config is not None and config.envs_per_worker

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 import dask
@@ -127,6 +128,28 @@ def dashboard_link(cluster: Any) -> str | None:
     return str(format_dashboard_link(f"[{host}]" if ":" in host else host, server.port))
 
 
+def check_main_importable() -> None:
+    """Raise :class:`~daskrl.ConfigError` if the embedded cluster's worker processes could not
+    start: they import this program's main module again (spawned, or from the forkserver), and a
+    program read from standard input (``python - <<EOF``) has none to import, so every nanny
+    would fail with an opaque ``FileNotFoundError``. Forked workers (the dask config key
+    ``distributed.worker.multiprocessing-method: fork``) import nothing again."""
+    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
+        return
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None):  # python -m: imported by name
+        return
+    path = getattr(main, "__file__", None)
+    if isinstance(path, str) and path.startswith("<"):
+        raise ConfigError(
+            f"the embedded cluster's worker processes start by importing this program's main "
+            f"module, and this program was read from {path}, which they cannot import: save it "
+            "to a file and run that file (with its entry point under "
+            "if __name__ == \"__main__\":), or pass client= a Client of a cluster started "
+            "otherwise (dask scheduler / dask worker)."
+        )
+
+
 def local_cluster(n_workers: int | None = None, *, processes: bool = True,
                   tls: bool | None = None, dashboard: bool | int | None = None,
                   dashboard_address: str | None = None, **kwargs: Any) -> LocalCluster:
@@ -161,6 +184,8 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
     dashboard_address = dashboard_address or _dashboard_address(dashboard)
     if dashboard_address is not None:
         require_bokeh()
+    if processes:
+        check_main_importable()
     n = n_workers or max(1, os.cpu_count() or 1)
     level = str(dask.config.get("daskrl.embedded-cluster.log-level", "warning")).upper()
     options: dict[str, Any] = {"threads_per_worker": 1, "dashboard_address": dashboard_address,
