@@ -114,7 +114,7 @@ class Collector:
         self._metrics = MetricsFeed(loggers)
         # 1. Everything that can be checked on the learner, before any worker spends time.
         if client is None and not str(store).startswith("memory://"):
-            check_main_importable()  # the embedded cluster's worker processes could start
+            check_main_importable()  # its worker processes must be able to import __main__
         base = field_values(config) if config is not None else {}
         merged = {**base, **cast(dict[str, Any], options)}
         given = "envs_per_worker" in options or (config is not None and config.envs_per_worker

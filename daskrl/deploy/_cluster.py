@@ -160,23 +160,25 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
     (:mod:`daskrl.deploy._forkserver`; spawned where there is none, e.g. Windows, or with the
     dask config key ``daskrl.embedded-cluster.forkserver: false``), which is safe on macOS and
     Windows as long as the calling script guards its entry point with
-    ``if __name__ == "__main__":``. With ``tls`` (default: the dask config key
-    ``daskrl.embedded-cluster.tls``, true unless set) the cluster uses TLS with temporary
-    credentials (``distributed.security.Security.temporary``), so only this process can
-    connect. Dask's own log records below the dask config key
+    ``if __name__ == "__main__":``; a program read from standard input, which they cannot import,
+    is refused with :class:`~daskrl.ConfigError` before any of them starts. With ``tls``
+    (default: the dask config key ``daskrl.embedded-cluster.tls``, true unless set) the cluster
+    uses TLS with
+    temporary credentials (``distributed.security.Security.temporary``), so only this process
+    can connect. Dask's own log records below the dask config key
     ``daskrl.embedded-cluster.log-level`` (default ``"warning"``) are dropped in every process
-    of the cluster. Only the comm ports listen: the scheduler's and workers' HTTP servers are closed,
-    unless ``dashboard`` asks for the scheduler's dashboard on ``127.0.0.1`` (``True``: port
-    8787, or the next free one; a port; ``0``: any free port), or ``dashboard_address`` at any
-    address (e.g. ``"127.0.0.1:8787"``), or ``worker_dashboard_address`` for the workers'. The
-    dashboard needs bokeh (:class:`~daskrl.MissingDependencyError` otherwise); its link is
+    of the cluster. Only the comm ports listen: the scheduler's and workers' HTTP servers are
+    closed, unless ``dashboard`` asks for the scheduler's dashboard on ``127.0.0.1`` (``True``:
+    port 8787, or the next free one; a port; ``0``: any free port), or ``dashboard_address`` at
+    any address (e.g. ``"127.0.0.1:8787"``), or ``worker_dashboard_address`` for the workers'.
+    The dashboard needs bokeh (:class:`~daskrl.MissingDependencyError` otherwise); its link is
     ``cluster.dashboard_link`` (``""`` without one), also logged at INFO by
-    ``daskrl.deploy._cluster``. Dashboards are plain HTTP without authentication: anyone who
-    can reach the address can read them (see ``docs/security.md``). The nannies are
+    ``daskrl.deploy._cluster``. Dashboards are plain HTTP without authentication: anyone who can
+    reach the address can read them (see ``docs/security.md``). The nannies are
     :class:`~daskrl.deploy._nanny.EmbeddedNanny`: their worker processes may start processes of
     their own (an ``AsyncVectorEnv``: :class:`ParentNanny`), and a started worker's queues hold
-    no named semaphore, so a killed learner leaves no ``/dev/shm/sem.mp-*`` files. ``kwargs`` go to
-    ``LocalCluster``.
+    no named semaphore, so a killed learner leaves no ``/dev/shm/sem.mp-*`` files. ``kwargs`` go
+    to ``LocalCluster``.
     """
     if (dashboard is not None and dashboard is not False) and dashboard_address is not None:
         raise ConfigError(f"pass dashboard= or dashboard_address=, not both (got {dashboard!r} "
