@@ -113,8 +113,11 @@ class Collector:
         self._run: Run | None = None
         self._metrics = MetricsFeed(loggers)
         # 1. Everything that can be checked on the learner, before any worker spends time.
-        if client is None and not str(store).startswith("memory://"):
-            check_main_importable()  # its worker processes must be able to import __main__
+        # The embedded cluster (client=None) runs thread workers for a memory:// store (one
+        # process), worker processes otherwise, which must be able to import __main__.
+        processes = not str(store).startswith("memory://")
+        if client is None and processes:
+            check_main_importable()
         base = field_values(config) if config is not None else {}
         merged = {**base, **cast(dict[str, Any], options)}
         given = "envs_per_worker" in options or (config is not None and config.envs_per_worker
@@ -140,8 +143,7 @@ class Collector:
             raise UsageError("dashboard= configures the embedded cluster (client=None); the "
                              "given client's cluster serves its own: see client.dashboard_link.")
         if client is None:
-            own = local_cluster(cfg.num_workers, dashboard=dashboard,
-                                processes=not self._store.url.startswith("memory://"))
+            own = local_cluster(cfg.num_workers, dashboard=dashboard, processes=processes)
             client = Client(own, set_as_default=False)
         elif not isinstance(client, Client):
             raise UsageError(f"client must be a distributed.Client or None, got {client!r}.")

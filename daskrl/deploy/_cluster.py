@@ -31,6 +31,7 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
+from daskrl.deploy import _forkserver
 from daskrl.deploy._nanny import EmbeddedNanny, ParentNanny
 from daskrl.errors import ConfigError, MissingDependencyError
 
@@ -134,7 +135,7 @@ def check_main_importable() -> None:
     program read from standard input (``python - <<EOF``) has none to import, so every nanny
     would fail with an opaque ``FileNotFoundError``. Forked workers (the dask config key
     ``distributed.worker.multiprocessing-method: fork``) import nothing again."""
-    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
+    if dask.config.get(_forkserver.METHOD_KEY, "spawn") == "fork":
         return
     main = sys.modules.get("__main__")
     if getattr(getattr(main, "__spec__", None), "name", None):  # python -m: imported by name
@@ -163,9 +164,8 @@ def local_cluster(n_workers: int | None = None, *, processes: bool = True,
     ``if __name__ == "__main__":``; a program read from standard input, which they cannot import,
     is refused with :class:`~daskrl.ConfigError` before any of them starts. With ``tls``
     (default: the dask config key ``daskrl.embedded-cluster.tls``, true unless set) the cluster
-    uses TLS with
-    temporary credentials (``distributed.security.Security.temporary``), so only this process
-    can connect. Dask's own log records below the dask config key
+    uses TLS with temporary credentials (``distributed.security.Security.temporary``), so only
+    this process can connect. Dask's own log records below the dask config key
     ``daskrl.embedded-cluster.log-level`` (default ``"warning"``) are dropped in every process
     of the cluster. Only the comm ports listen: the scheduler's and workers' HTTP servers are
     closed, unless ``dashboard`` asks for the scheduler's dashboard on ``127.0.0.1`` (``True``:
