@@ -6,9 +6,9 @@ one temporary directory: ``slurm.conf`` is passed with ``SLURM_CONF``, nothing i
 ``OverSubscribe=FORCE:4`` so that several one-CPU jobs fit on a 2-core machine, memory checked
 against the node's but not booked (``CR_Core``: a small CI machine fits the jobs), no accounting
 (job state comes from ``scontrol``, which keeps finished jobs for ``MinJobAge`` seconds), and
-``proctrack/linuxproc`` + ``task/none`` (no cgroups needed).  Needs root (CI is root):
-
-    apt-get install -y slurmctld slurmd slurm-client munge
+``proctrack/linuxproc`` + ``task/none`` (no cgroups needed).  Needs root (CI is root), and
+Debian's ``slurmctld slurmd slurm-client munge``, which the bed installs itself where they are
+missing (:mod:`beds.packages`).
 
 :func:`slurm_bed` cancels every job at the end, stops the daemons, kills whatever a job left
 running, checks that no process of the bed survives and removes the directory.
@@ -30,10 +30,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PACKAGES = "slurmctld slurmd slurm-client munge"
+from beds.packages import SEARCH_PATH, ensure_commands
+
 PARTITION = "debug"
-COMMANDS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue",
-            "scancel", "sinfo", "srun")
+COMMANDS = {"munged": "munge", "munge": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
+            **dict.fromkeys(("sbatch", "scontrol", "squeue", "scancel", "sinfo", "srun"),
+                            "slurm-client")}
+"""The commands the bed runs, each with the Debian package that has it."""
 ENDED_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
                 "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
 
@@ -240,17 +243,10 @@ def _wait(what: str, ready: object, bed: SlurmBed, timeout: float) -> None:
         time.sleep(0.1)
 
 
-SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-
-
 def command(name: str) -> str:
     """The full path of a SLURM or munge command (the daemons live in /usr/sbin, which a
     non-login root shell may not have on PATH)."""
     return shutil.which(name, path=SEARCH_PATH) or name
-
-
-def missing_commands() -> list[str]:
-    return [c for c in COMMANDS if shutil.which(c, path=SEARCH_PATH) is None]
 
 
 @contextlib.contextmanager
@@ -258,9 +254,7 @@ def slurm_bed(parent: str | None = None, start_timeout: float = 60) -> Iterator[
     """Start a one-node SLURM in a fresh directory under ``parent``; stop it on exit."""
     if os.geteuid() != 0:
         raise PermissionError("the SLURM test bed runs its daemons as root")
-    missing = missing_commands()
-    if missing:
-        raise RuntimeError(f"the SLURM test bed needs {missing}: apt-get install -y {PACKAGES}")
+    ensure_commands("SLURM", COMMANDS)  # installs Debian's packages where it can
     d = Path(tempfile.mkdtemp(prefix="daskrl-slurm-", dir=parent))
     d.chmod(0o755)  # munged checks that every directory above its socket is accessible
     for sub in ("state", "spool", "run", "log"):

@@ -27,9 +27,16 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from beds.packages import ensure_commands
+
+COMMANDS = {"ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
+            "mount": "mount", "umount": "mount", "ps": "procps"}
+"""The commands the bed runs, each with the Debian package that has it (installed by the bed
+where it is missing: :mod:`beds.packages`)."""
+
 SUBNET = "10.213.7"
-_COUNTER = itertools.count()
 """A private /24 used only inside the bed's namespaces."""
+_COUNTER = itertools.count()
 
 _MOUNT_SCRIPT = r"""
 set -e
@@ -113,6 +120,7 @@ class Hosts:
         return f"{self.prefix}host{i}"
 
     def start(self) -> Hosts:
+        ensure_commands("namespace hosts", COMMANDS)
         try:
             self._mounted_netns_dir = not netns_dir_mounted()
             _ip("netns", "add", self.bridge_ns)
@@ -220,10 +228,26 @@ class Hosts:
         if left:
             raise RuntimeError(f"namespaces left behind: {sorted(left)}")
         # The first `ip netns add` on a machine bind-mounts NETNS_DIR onto itself, and
-        # `ip netns del` leaves that mount: undo it once no namespace is left in it.
-        if self._mounted_netns_dir and netns_dir_mounted() and not os.listdir(NETNS_DIR):
-            subprocess.run(["umount", NETNS_DIR], capture_output=True, timeout=30)
-            self._mounted_netns_dir = False
+        # `ip netns del` leaves that mount: undo it once no namespace is left in it. On a busy
+        # machine the kernel may still hold the mount for a moment after the last `ip netns
+        # del` (umount says busy): retried until a deadline, then an error saying so.
+        if self._mounted_netns_dir:
+            self._unmount_netns_dir()
+
+    def _unmount_netns_dir(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while netns_dir_mounted():
+            if os.listdir(NETNS_DIR):  # another user's namespaces: theirs to clean up
+                return
+            out = subprocess.run(["umount", NETNS_DIR], capture_output=True, text=True,
+                                 timeout=30)
+            if out.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"could not unmount {NETNS_DIR} within {timeout:g}s: "
+                                   f"{out.stderr.strip()}")
+            time.sleep(0.1)
+        self._mounted_netns_dir = False
 
     def __enter__(self) -> Hosts:
         return self.start()
