@@ -7,7 +7,7 @@ Every test gets exactly one tier marker, applied here at collection (see docs/ar
   that directory). No Dask at all: while one runs (fixtures
   included) starting a process, opening a TCP/IP socket, starting a Dask server (scheduler,
   worker, nanny) or importing ``distributed`` for the first time fails the test, and it gets a
-  default ``timeout`` of ``UNIT_TIMEOUT_S`` seconds. The whole tier runs in under a minute.
+  default ``timeout`` of ``UNIT_TIMEOUT_S`` seconds. The whole tier runs in ``UNIT_BUDGET_S``.
 - ``cluster``: in-process clusters: tests written with ``gen_cluster`` or ``gen_test``
   (``from conftest import gen_cluster``; detected as a plain test function wrapping a coroutine
   function), or using the ``inproc_client`` (or ``cleanup``) fixture, and none of the system
@@ -42,7 +42,7 @@ import pytest
 TIERS = ("unit", "cluster", "system")
 UNIT_DIR = Path(__file__).parent / "unit"
 UNIT_TIMEOUT_S = 30
-UNIT_BUDGET_S = 60
+UNIT_BUDGET_S = 30
 # Fixtures and markers that make a test a system test even when it also uses `inproc_client`.
 SYSTEM_FIXTURES = frozenset({"client", "cluster", "slurm", "slurm_session", "tmpfs"})
 SYSTEM_MARKERS = frozenset({"slow", "hosts", "slurm", "gpu"})
@@ -104,6 +104,53 @@ def tier_of(item: pytest.Item) -> str:
     return "system"
 
 
+BED_FILES = {"slurm": "test_slurm.py", "hosts": "test_hosts.py"}
+"""The test beds, each with the file its tests live in. In a parallel run each bed's file runs
+in one test process, one test after another (one SLURM, one set of namespace hosts at a time):
+see :func:`pytest_xdist_make_scheduler`."""
+
+
+def bed_of(item: pytest.Item) -> str | None:
+    """The test bed ``item`` runs on (its marker or fixture), or None."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    for bed in BED_FILES:
+        if item.get_closest_marker(bed) is not None or bed in fixtures:
+            return bed
+    return None
+
+
+def _check_bed_file(item: pytest.Item, bed: str) -> None:
+    if Path(str(item.path)).name != BED_FILES[bed]:
+        raise pytest.UsageError(f"{item.nodeid} runs on the {bed} test bed but is not in "
+                                f"{BED_FILES[bed]}: move it there (a bed's tests run in one "
+                                "test process, found by their file)")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """The parallel run's scheduler: xdist's load-by-scope, with one scope per bed file (its
+    tests go to one test process, in order) and one per test elsewhere. Scopes are handed out
+    in the collection's order (``--no-loadscope-reorder``), which :func:`run_order` sets."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    bed_scopes = {name: f"bed:{bed}" for bed, name in BED_FILES.items()}
+
+    class BedScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return bed_scopes.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1], nodeid)
+
+    return BedScheduling(config, log)
+
+
+def run_order(item: pytest.Item) -> tuple[int, int]:
+    """Tiers in order (fast feedback first; ``gen_cluster``'s leak checks end every
+    multiprocessing child of its process, so in each test process they run before any process
+    cluster of a system test exists), and within the system tier the beds' files first: each
+    is one long chain in one test process, started while the others share out the rest. The
+    sort is stable: file order otherwise."""
+    tier = next(TIERS.index(t) for t in TIERS if item.get_closest_marker(t))
+    return tier, 0 if Path(str(item.path)).name in BED_FILES.values() else 1
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """``-m unit`` imports only the files of tests/unit/ (the tier is that directory): the
     other test modules import Dask, torch and the test beds, which would cost more than the
@@ -130,9 +177,10 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(tier)
         if tier == "unit" and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+        if (bed := bed_of(item)) is not None:
+            _check_bed_file(item, bed)
     yield
-    # stable: file order within a tier
-    items.sort(key=lambda item: next(TIERS.index(t) for t in TIERS if item.get_closest_marker(t)))
+    items.sort(key=run_order)
 
 
 # --- the unit tier's guard -------------------------------------------------------------------
@@ -227,7 +275,23 @@ def pytest_configure(config):
 
 
 _started = pytest.StashKey[float]()
-_unit_only = pytest.StashKey[int]()
+
+PROCESSES_PER_CORE = 2
+"""Test processes per core (``-n auto``): most tests wait on processes of their own (clusters,
+daemons, the CLI), so two per core overlap those waits without leaving the cores idle."""
+MAX_PROCESSES = 8
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many test processes ``-n auto`` (the default, ``pyproject.toml``) starts: the
+    environment variable ``DASKRL_TEST_PROCESSES`` if set, else :data:`PROCESSES_PER_CORE`
+    per core (at most :data:`MAX_PROCESSES`); the unit tier alone, one per core (it is all
+    CPU). ``-n 0`` runs the suite in this process."""
+    if given := os.environ.get("DASKRL_TEST_PROCESSES"):
+        return int(given)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_core = 1 if config.getoption("markexpr") == "unit" else PROCESSES_PER_CORE
+    return max(1, min(MAX_PROCESSES, per_core * (cores or 1)))
 
 
 def pytest_sessionstart(session):
@@ -240,19 +304,23 @@ def pytest_sessionstart(session):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def pytest_collection_finish(session):
-    units = sum(item.get_closest_marker("unit") is not None for item in session.items)
-    session.config.stash[_unit_only] = units if units == len(session.items) else 0
+_OUTCOMES = ("passed", "failed", "skipped", "error", "xfailed", "xpassed")
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """Says how long a run of the unit tier alone took, against its one-minute budget."""
-    if not (count := config.stash.get(_unit_only, 0)):
+    """Says how long a run of the unit tier alone took, against its budget (counted from the
+    tests' reports, which come back from the test processes with their markers)."""
+    tests: dict[str, bool] = {}
+    for outcome in _OUTCOMES:
+        for report in terminalreporter.stats.get(outcome, ()):
+            if (nodeid := getattr(report, "nodeid", "")) and hasattr(report, "keywords"):
+                tests[nodeid] = "unit" in report.keywords
+    if not tests or not all(tests.values()):
         return
     took = time.monotonic() - config.stash[_started]
     over = (f": over its {UNIT_BUDGET_S} s budget, find the slow tests with --durations=10"
             if took > UNIT_BUDGET_S else f" (budget {UNIT_BUDGET_S} s)")
-    terminalreporter.write_line(f"unit tier: {count} tests in {took:.1f} s{over}")
+    terminalreporter.write_line(f"unit tier: {len(tests)} tests in {took:.1f} s{over}")
 
 
 # --- fixtures --------------------------------------------------------------------------------
@@ -281,11 +349,19 @@ def _closing(cluster_or_client):
 
 @pytest.fixture(scope="session")
 def cluster():
-    """Two spawn-started worker processes, one thread each, shared by the session's tests."""
+    """Two spawn-started worker processes, one thread each, shared by the test process's
+    tests. With the embedded cluster's worker settings (no statistical profiler, slower health
+    ticks and monitors): idle for most of the session, each of the suite's parallel test
+    processes keeps one, and Dask's defaults cost several percent of a core each."""
+    import dask
     from distributed import LocalCluster
 
-    with _closing(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                               dashboard_address=None, silence_logs=logging.ERROR)) as cluster:
+    from daskrl.deploy._cluster import WORKER_CONFIG
+
+    with dask.config.set(WORKER_CONFIG):
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                               dashboard_address=None, silence_logs=logging.ERROR)
+    with _closing(cluster):
         yield cluster
 
 
