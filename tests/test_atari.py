@@ -1,5 +1,6 @@
 """Atari Pong through ale-py and gymnasium's Atari wrappers (the ``atari`` extra), on the
-session's spawn-started LocalCluster and through ``daskrl collect``: 84x84 grey frames in
+session's spawn-started LocalCluster and through ``daskrl collect`` (in this process, on the
+same cluster): 84x84 grey frames in
 stacks of 4, ``uint8``. The store holds exactly what the env gave: every stored frame is
 compared byte for byte with what the same seeded env returns when the test re-steps it with
 the recorded actions, and the frame stacks shift by one frame from step to step.
@@ -10,14 +11,13 @@ the learner and on each worker (``daskrl/worker/_env_import.py``)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import ale_py  # the atari extra (in the test extra: pip install -e ".[test]")
 import gymnasium as gym
 import numpy as np
 import pytest
+from cli_inprocess import daskrl_main
 from env_replay import replay, stream_data
 
 import daskrl
@@ -98,15 +98,14 @@ def test_pong_through_the_collector_round_trips_byte_for_byte(client, tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_pong_through_the_cli_with_wrappers(tmp_path):
+def test_pong_through_the_cli_with_wrappers(cluster, tmp_path):
     url = str(tmp_path / "pong-cli")
-    cmd = [sys.executable, "-m", "daskrl.cli", "collect", "--env", ENV, "--store", url,
-           "--env-kwargs", json.dumps(ENV_KWARGS), "--wrapper", WRAPPERS[0],
-           "--wrapper", "gymnasium.wrappers.FrameStackObservation:stack_size=4",
-           "--workers", "1", "--envs-per-worker", "2", "--frames-per-batch", "64",
-           "--frames", "128", "--max-frames-per-traj", "20", "--seed", "3", "--no-tls",
-           "--json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = daskrl_main("collect", "--env", ENV, "--store", url,
+                      "--env-kwargs", json.dumps(ENV_KWARGS), "--wrapper", WRAPPERS[0],
+                      "--wrapper", "gymnasium.wrappers.FrameStackObservation:stack_size=4",
+                      "--workers", "1", "--envs-per-worker", "2", "--frames-per-batch", "64",
+                      "--frames", "128", "--max-frames-per-traj", "20", "--seed", "3",
+                      "--scheduler", cluster.scheduler_address, "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["frames"] == 128
     d = check_pong_store(url, seed=3, n_envs=2, max_episode_steps=20, frames=128)
@@ -117,9 +116,8 @@ def test_pong_through_the_cli_with_wrappers(tmp_path):
 def test_pong_without_frameskip_1_exits_3_naming_the_wrapper(tmp_path):
     # AtariPreprocessing skips frames itself; on an env that also skips, the learner's probe
     # refuses it before any cluster starts.
-    cmd = [sys.executable, "-m", "daskrl.cli", "collect", "--env", ENV,
-           "--store", str(tmp_path / "s"), "--wrapper", WRAPPERS[0], "--no-tls"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = daskrl_main("collect", "--env", ENV, "--store", str(tmp_path / "s"),
+                      "--wrapper", WRAPPERS[0], "--no-tls", cwd=tmp_path)
     assert out.returncode == 3, out.stderr
     assert "wrapper 'gymnasium.wrappers.AtariPreprocessing' failed on env 'ALE/Pong-v5'" in (
         out.stderr)

@@ -1,4 +1,5 @@
-"""The command line and the code shown to users, run as users run them."""
+"""The command line and the code shown to users, run as users run them (the command through its
+entry point ``daskrl.cli.main``, in this process: ``tests/cli_inprocess.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
+from cli_inprocess import daskrl_main
 
 import daskrl
 from daskrl.testing import TagPolicy
@@ -21,12 +23,10 @@ def _python_blocks(path: Path) -> list[str]:
 
 def test_cli_collect_prints_a_summary_and_writes_the_store(tmp_path):
     store = tmp_path / "demo"
-    out = subprocess.run(
-        [sys.executable, "-m", "daskrl.cli", "collect", "--env", "CartPole-v1", "--frames",
-         "4096", "--frames-per-batch", "1024", "--workers", "1", "--store", str(store),
-         "--no-progress"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
-    )
+    # The embedded cluster as users get it: TLS (tls:// worker addresses), shared memory.
+    out = daskrl_main("collect", "--env", "CartPole-v1", "--frames", "4096",
+                      "--frames-per-batch", "1024", "--workers", "1", "--store", str(store),
+                      "--no-progress", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "collected 4096 frames in 4 batches on 1 workers" in out.stdout
     assert re.search(r"episodes finished: \d+, mean return \(last 100\): \d+\.\d\d", out.stdout)
@@ -43,12 +43,12 @@ def test_cli_collect_json_is_the_summary_and_a_second_run_is_announced(tmp_path)
     import daskrl as package
 
     store = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "daskrl.cli", "collect", "--env", "CartPole-v1", "--frames",
-           "2048", "--frames-per-batch", "1024", "--workers", "1", "--store", str(store),
-           "--json", "--no-tls"]
+    # The embedded cluster: num_workers is the one worker --workers asked for.
+    cmd = ["collect", "--env", "CartPole-v1", "--frames", "2048", "--frames-per-batch", "1024",
+           "--workers", "1", "--store", str(store), "--json", "--no-tls"]
     runs = []
     for _ in range(2):
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        out = daskrl_main(*cmd, cwd=tmp_path)
         assert out.returncode == 0, out.stderr
         runs.append((json.loads(out.stdout), out.stderr))  # stdout is exactly one JSON object
     (first, first_err), (second, second_err) = runs
@@ -58,17 +58,13 @@ def test_cli_collect_json_is_the_summary_and_a_second_run_is_announced(tmp_path)
     assert "already holds" not in first_err
     assert "already holds 1 run(s) (0); this collection adds run 1" in second_err
     assert [r for r in daskrl.open_store(str(store)).runs()] == [0, 1]
-    version = subprocess.run([sys.executable, "-m", "daskrl.cli", "--version"],
-                             capture_output=True, text=True, timeout=120)
+    version = daskrl_main("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"daskrl {package.__version__}"
 
 
 def test_cli_bad_input_is_a_clear_error(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "daskrl.cli", "collect", "--env", "CartPole-v1", "--frames",
-         "1001", "--store", str(tmp_path / "s")],
-        capture_output=True, text=True, timeout=120,
-    )
+    out = daskrl_main("collect", "--env", "CartPole-v1", "--frames", "1001", "--store",
+                      str(tmp_path / "s"))
     assert out.returncode == 3  # a configuration error
     assert "daskrl: error: total_frames=1001 is not a multiple of envs_per_worker=8" in out.stderr
 

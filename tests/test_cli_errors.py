@@ -1,26 +1,22 @@
-"""The real ``daskrl`` command, run as a subprocess with bad input: one line saying what to
-fix on stderr, the exit status of its class (2 usage, 3 configuration, 1 runtime), and a
-traceback only with ``--debug``."""
+"""The ``daskrl`` command with bad input (run in this process, ``tests/cli_inprocess.py``): one
+line saying what to fix on stderr, the exit status of its class (2 usage, 3 configuration, 1
+runtime), and a traceback only with ``--debug``. (The real command's exit statuses, as a
+process: ``tests/test_cli_exit_status.py``.)"""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-import sys
 import uuid
 
 import pytest
+from cli_inprocess import daskrl_main
 
 import daskrl
 from daskrl.cli._exit import CONFIG, RUNTIME, USAGE
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "daskrl.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def _one_error_line(out: subprocess.CompletedProcess, status: int = CONFIG) -> str:
@@ -38,7 +34,7 @@ def _collect(tmp_path, *args: str) -> list[str]:
 
 
 def test_a_misspelt_env_id(tmp_path):
-    line = _one_error_line(_cli(*_collect(tmp_path, "--env", "CartPol-v1")))
+    line = _one_error_line(daskrl_main(*_collect(tmp_path, "--env", "CartPol-v1")))
     assert line == ("could not make env 'CartPol-v1': Environment `CartPol` doesn't exist. Did "
                     "you mean: `CartPole`? Check the id (registered ids: "
                     "gymnasium.pprint_registry()) and import the package that registers it "
@@ -47,8 +43,8 @@ def test_a_misspelt_env_id(tmp_path):
 
 
 def test_an_unknown_env_kwargs_key(tmp_path):
-    line = _one_error_line(_cli(*_collect(tmp_path, "--env", "CartPole-v1", "--env-kwargs",
-                                          '{"gravty": 9.8}')))
+    line = _one_error_line(daskrl_main(*_collect(tmp_path, "--env", "CartPole-v1",
+                                                 "--env-kwargs", '{"gravty": 9.8}')))
     assert line.startswith("could not make env 'CartPole-v1': TypeError: ")
     assert "unexpected keyword argument 'gravty'" in line
     assert line.endswith("Check env_kwargs ['gravty'] (--env-kwargs): the env's constructor "
@@ -56,7 +52,7 @@ def test_an_unknown_env_kwargs_key(tmp_path):
 
 
 def test_env_kwargs_that_are_not_a_json_object(tmp_path):
-    out = _cli(*_collect(tmp_path, "--env", "CartPole-v1", "--env-kwargs", "[9.8]"))
+    out = daskrl_main(*_collect(tmp_path, "--env", "CartPole-v1", "--env-kwargs", "[9.8]"))
     assert out.returncode == USAGE and "Traceback" not in out.stderr  # argparse refused it
     assert out.stderr.splitlines()[-1] == ("daskrl collect: error: argument --env-kwargs: "
                                            "--env-kwargs takes a JSON object, got '[9.8]'")
@@ -74,15 +70,17 @@ def test_env_kwargs_that_are_not_a_json_object(tmp_path):
     ("daskrl.policies:NoSuchPolicy", "--policy 'daskrl.policies:NoSuchPolicy': "
      "'daskrl.policies' has no attribute 'NoSuchPolicy'."),
 ])
-def test_a_policy_factory_with_the_wrong_signature(tmp_path, factory, message):
-    line = _one_error_line(_cli(*_collect(tmp_path, "--env", "CartPole-v1", "--policy",
-                                          factory)))
+def test_a_policy_factory_with_the_wrong_signature(cluster, tmp_path, factory, message):
+    # Not about the cluster: the session's (the factory is refused before it is reached).
+    line = _one_error_line(daskrl_main(*_collect(tmp_path, "--env", "CartPole-v1", "--policy",
+                                                 factory, "--scheduler",
+                                                 cluster.scheduler_address)))
     assert line.startswith(message), line
 
 
 def test_storage_options_a_local_store_does_not_take(tmp_path):
     daskrl.TrajectoryStore(str(tmp_path / "s"), read_only=False).initialize()
-    line = _one_error_line(_cli("inspect", str(tmp_path / "s"), "--storage-options",
+    line = _one_error_line(daskrl_main("inspect", str(tmp_path / "s"), "--storage-options",
                                 '{"anon": true}'))
     assert line == (f"store 'file://{tmp_path / 's'}' is a local path, which takes no "
                     "storage_options (they go to fsspec backends such as s3://), got ['anon']. "
@@ -92,13 +90,14 @@ def test_storage_options_a_local_store_does_not_take(tmp_path):
 def test_storage_options_an_s3_store_refuses_and_wrong_credentials(s3_with_auth):
     url = f"s3://daskrl-auth/{uuid.uuid4().hex}"
     options = {"endpoint_url": s3_with_auth, "key": "k", "secret": "s", "regoin": "x"}
-    line = _one_error_line(_cli("inspect", url, "--storage-options", json.dumps(options)))
+    line = _one_error_line(daskrl_main("inspect", url, "--storage-options", json.dumps(options)))
     assert line.startswith(f"cannot read 'zarr.json' in store {url!r}: the fsspec backend "
                            "refused its storage_options (")
     assert "'regoin'" in line
     del options["regoin"]
     # Access denied is a runtime error: the same command may work once the credentials do.
-    line = _one_error_line(_cli("gc", url, "--storage-options", json.dumps(options)), RUNTIME)
+    line = _one_error_line(daskrl_main("gc", url, "--storage-options", json.dumps(options)),
+                           RUNTIME)
     # The server's own reason (e.g. "Forbidden", or that the key id is unknown) in between.
     head = f"cannot read 'zarr.json' in store {url!r}: access denied ("
     assert line.startswith(head) and line.endswith(
@@ -107,9 +106,10 @@ def test_storage_options_an_s3_store_refuses_and_wrong_credentials(s3_with_auth)
 
 
 def test_a_worker_error_is_one_line_with_worker_and_version(tmp_path):
-    # CountingEnv(length="5") compares an int with a str in step(): on the worker only.
-    out = _cli(*_collect(tmp_path, "--env", "daskrl.testing:Counting-v0", "--env-kwargs",
-                         '{"length": "5"}'), timeout=240)
+    # CountingEnv(length="5") compares an int with a str in step(): on the worker only. On the
+    # embedded cluster (TLS: its tls:// worker address in the message).
+    out = daskrl_main(*_collect(tmp_path, "--env", "daskrl.testing:Counting-v0",
+                                "--env-kwargs", '{"length": "5"}'))
     line = _one_error_line(out, RUNTIME)
     assert re.fullmatch(
         re.escape("env 'daskrl.testing:Counting-v0' (env index 0) raised in step() at step 0 "
@@ -121,7 +121,7 @@ def test_a_worker_error_is_one_line_with_worker_and_version(tmp_path):
 def test_debug_prints_the_traceback(tmp_path):
     for args in (["--debug", *_collect(tmp_path, "--env", "CartPol-v1")],
                  [*_collect(tmp_path, "--env", "CartPol-v1"), "--debug"]):
-        out = _cli(*args)
+        out = daskrl_main(*args)
         assert out.returncode == CONFIG
         assert out.stderr.startswith("Traceback (most recent call last):")
         assert "gymnasium.error.NameNotFound" in out.stderr  # the cause, chained

@@ -1,7 +1,9 @@
 """Each exit status of the ``daskrl`` command, reached by the real command in a subprocess:
-2 usage, 3 configuration, 1 runtime (an env raising on the workers mid-collection), 130 and
-143 interrupted (Ctrl-C to the command's process group, SIGTERM to the command), with the
-batches committed before the end intact and no process of the command left behind."""
+2 usage (the installed ``daskrl`` entry point), 3 configuration, 1 runtime (an env raising on
+the workers mid-collection), 130 and 143 interrupted (Ctrl-C to the command's process group,
+SIGTERM to the command), with the batches committed before the end intact and no process of
+the command left behind. Further messages of a class are checked in this process
+(``tests/cli_inprocess.py``; more in ``tests/test_cli_errors.py``)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_inprocess import daskrl_main
 
 import daskrl
 from daskrl.cli._exit import CONFIG, INTERRUPTED, RUNTIME, TERMINATED, USAGE
 
 pytestmark = pytest.mark.timeout(300)
+
+
+DASKRL = [str(Path(sys.executable).with_name("daskrl"))]
+"""The installed entry point: the console script next to this Python (``python -m daskrl.cli``
+where there is none, e.g. a source tree on ``PYTHONPATH``)."""
+if not Path(DASKRL[0]).is_file():
+    DASKRL = [sys.executable, "-m", "daskrl.cli"]
 
 
 def _daskrl(*args: str) -> list[str]:
@@ -49,8 +59,9 @@ def _check_intact(store: Path, frames_per_batch: int, envs: int) -> list[int]:
 
 
 def test_an_unknown_option_is_a_usage_error(tmp_path):
-    out = _run("collect", "--env", "CartPole-v1", "--store", str(tmp_path / "s"),
-               "--no-such-option")
+    out = subprocess.run([*DASKRL, "collect", "--env", "CartPole-v1", "--store",
+                          str(tmp_path / "s"), "--no-such-option"],
+                         capture_output=True, text=True, timeout=240)
     assert out.returncode == USAGE, out
     assert out.stderr.splitlines()[-1] == ("daskrl: error: unrecognized arguments: "
                                            "--no-such-option")
@@ -68,8 +79,8 @@ def test_frames_per_batch_not_a_multiple_of_envs_is_a_configuration_error(tmp_pa
 
 
 def test_an_env_the_learner_cannot_make_is_a_configuration_error(tmp_path):
-    out = _run("collect", "--env", "CartPole-v1", "--env-kwargs", '{"gravty": 9.8}',
-               "--store", str(tmp_path / "s"))
+    out = daskrl_main("collect", "--env", "CartPole-v1", "--env-kwargs", '{"gravty": 9.8}',
+                      "--store", str(tmp_path / "s"))
     assert out.returncode == CONFIG, out
     assert "daskrl: error: could not make env 'CartPole-v1': TypeError" in out.stderr
 
@@ -111,7 +122,7 @@ def _group_gone(pgid: int, timeout: float) -> bool:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return True
-        time.sleep(0.2)
+        time.sleep(0.05)
     return False
 
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import psutil
 import pytest
+from cli_inprocess import daskrl_main
 from distributed import Client
 
 import daskrl
@@ -139,6 +140,8 @@ def test_off_nothing_listens_and_no_link_is_advertised(tmp_path):
 
 
 def test_cli_prints_the_link_to_stderr_and_serves_it(tmp_path):
+    # The real command (a process of its own): the link reaches a pipe while the command runs,
+    # and SIGTERM ends it with its status, the cluster closed.
     proc = subprocess.Popen(
         [sys.executable, "-m", "daskrl.cli", "collect", "--env", "CartPole-v1", "--store",
          str(tmp_path / "s"), "--workers", "1", "--envs-per-worker", "2",
@@ -164,25 +167,24 @@ def test_cli_prints_the_link_to_stderr_and_serves_it(tmp_path):
 
 
 def test_cli_refuses_a_dashboard_it_cannot_serve(tmp_path):
-    cmd = [sys.executable, "-m", "daskrl.cli", "collect", "--env", "CartPole-v1", "--store",
-           str(tmp_path / "s"), "--frames", "64"]
-    bad_port = subprocess.run([*cmd, "--dashboard", "70000"], capture_output=True, text=True,
-                              timeout=120)
+    cmd = ["collect", "--env", "CartPole-v1", "--store", str(tmp_path / "s"), "--frames", "64"]
+    bad_port = daskrl_main(*cmd, "--dashboard", "70000")
     assert bad_port.returncode == 2
     assert "--dashboard takes a port 0-65535" in bad_port.stderr
-    running = subprocess.run([*cmd, "--dashboard", "--scheduler", "tcp://127.0.0.1:9"],
-                             capture_output=True, text=True, timeout=120)
+    running = daskrl_main(*cmd, "--dashboard", "--scheduler", "tcp://127.0.0.1:9")
     assert running.returncode == 3  # a configuration error
     assert "--dashboard applies to the embedded cluster only" in running.stderr
     assert not (tmp_path / "s").exists()
 
 
 def test_without_bokeh_asking_for_it_names_the_extra(tmp_path):
-    """bokeh made unimportable in a fresh interpreter (``sys.modules["bokeh"] = None``)."""
+    """bokeh made unimportable in a fresh interpreter (``sys.modules["bokeh"] = None``): the
+    API, then the command (its entry point, whose status the interpreter exits with)."""
     script = textwrap.dedent(f"""
         import sys
         sys.modules["bokeh"] = None
         import daskrl
+        from daskrl.cli import main
         from daskrl.deploy import local_cluster
         from daskrl.testing import ConstantPolicy
         for make in (lambda: local_cluster(1, dashboard=True),
@@ -196,20 +198,17 @@ def test_without_bokeh_asking_for_it_names_the_extra(tmp_path):
                 raise SystemExit("no error")
         with local_cluster(1) as cluster:  # without a dashboard bokeh is not needed
             print("link", repr(cluster.dashboard_link))
+        sys.exit(main(["collect", "--env", "CartPole-v1", "--store", {str(tmp_path / "c")!r},
+                       "--frames", "64", "--dashboard"]))
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=240)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr  # the command's: a missing extra is configuration
     lines = r.stdout.splitlines()
     assert len(lines) == 3, r.stdout
     for line in lines[:2]:
         assert 'needs bokeh' in line and 'pip install "daskrl[dashboard]"' in line
     assert lines[2] == "link ''"
-    cli = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.modules['bokeh'] = None; "
-         "from daskrl.cli import main; sys.exit(main())", "collect", "--env", "CartPole-v1",
-         "--store", str(tmp_path / "c"), "--frames", "64", "--dashboard"],
-        capture_output=True, text=True, timeout=120)
-    assert cli.returncode == 3  # a missing extra: configuration
-    assert 'pip install "daskrl[dashboard]"' in cli.stderr
+    [error] = [line for line in r.stderr.splitlines() if line.startswith("daskrl: error: ")]
+    assert 'pip install "daskrl[dashboard]"' in error, r.stderr
     assert not (tmp_path / "c").exists()

@@ -1,16 +1,14 @@
 """Atari Pong through envpool (``envpool.make_gymnasium("Pong-v5")``: 4 stacked 84x84 grey
-frames, ``uint8``) collected by ``Collector`` and ``daskrl collect`` with tiny budgets, and a
-Pong batch round-tripping through the store byte for byte: the test steps a second pool of the
+frames, ``uint8``) collected by ``Collector`` and ``daskrl collect`` (in this process, on the
+session's cluster) with tiny budgets, and a Pong batch round-tripping through the store byte for byte: the test steps a second pool of the
 same seed with the actions the store recorded (and resets its ended sub-envs as the worker did)
 and compares every frame, reward and flag with what ``load()`` returns."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+from cli_inprocess import daskrl_main
 
 import daskrl
 from daskrl.testing import SpacePolicy, check_episode_continuity
@@ -67,15 +65,14 @@ def test_pong_batches_round_trip_byte_for_byte(client, tmp_path):
     pool.close()
 
 
-def test_cli_collects_pong_through_envpool(tmp_path):
+def test_cli_collects_pong_through_envpool(cluster, tmp_path):
     store = tmp_path / "s"
-    out = subprocess.run(
-        [sys.executable, "-m", "daskrl.cli", "collect", "--env", "envpool:make_gymnasium",
-         "--env-kwargs", '{"task_id": "Pong-v5", "num_envs": 4, "max_episode_steps": 6}',
-         "--frames", "64", "--frames-per-batch", "32", "--workers", "1", "--info-keys", "lives",
-         "--store", str(store), "--no-progress", "--no-tls"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
-    )
+    out = daskrl_main(
+        "collect", "--env", "envpool:make_gymnasium",
+        "--env-kwargs", '{"task_id": "Pong-v5", "num_envs": 4, "max_episode_steps": 6}',
+        "--frames", "64", "--frames-per-batch", "32", "--workers", "1", "--info-keys", "lives",
+        "--store", str(store), "--no-progress", "--scheduler", cluster.scheduler_address,
+        cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     reader = daskrl.open_store(str(store))
     assert reader.frames == 64 and reader.runs()[0]["settings"]["envs_per_worker"] == 4

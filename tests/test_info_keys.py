@@ -2,18 +2,18 @@
 success flag, a vector) stored per step with their masks and loaded nested; the episodes of a
 RecordEpisodeStatistics-wrapped CartPole on the handles, matching the store's episodes();
 unknown and ragged entries refused on the worker with the env index, surfaced to the learner
-(not retried); ``--info-keys`` on the command line."""
+(not retried); ``--info-keys`` on the command line (``daskrl collect`` in this process, on the
+session's cluster)."""
 
 from __future__ import annotations
 
 import functools
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from cli_inprocess import daskrl_main
 
 import daskrl
 from daskrl import EnvInfoError
@@ -102,19 +102,19 @@ def test_unknown_and_ragged_entries_fail_on_the_worker_and_are_not_retried(
     assert daskrl.open_store(str(tmp_path / "s")).batch_ids() == []
 
 
-def test_cli_info_keys(tmp_path):
+def test_cli_info_keys(cluster, tmp_path):
     store = tmp_path / "demo"
-    base = [sys.executable, "-m", "daskrl.cli", "collect", "--env",
-            "daskrl.testing:InfoCounting-v0", "--frames", "32", "--frames-per-batch", "16",
-            "--envs-per-worker", "4", "--workers", "1", "--no-progress", "--no-tls"]
-    out = subprocess.run([*base, "--store", str(store), "--info-keys", "lives", "pos"],
-                         capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    base = ["collect", "--env", "daskrl.testing:InfoCounting-v0", "--frames", "32",
+            "--frames-per-batch", "16", "--envs-per-worker", "4", "--workers", "1",
+            "--no-progress", "--scheduler", cluster.scheduler_address]
+    out = daskrl_main(*base, "--store", str(store), "--info-keys", "lives", "pos",
+                      cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     s = daskrl.open_store(str(store))
     b = s.load(s.batch_ids()[0])
     assert sorted(b["info"]) == ["_lives", "_pos", "lives", "pos"]
     assert np.array_equal(b["info"]["pos"].numpy(), b["next_observation"].numpy())
-    bad = subprocess.run([*base, "--store", str(tmp_path / "x"), "--info-keys", "TimeLimit.x"],
-                         capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    bad = daskrl_main(*base, "--store", str(tmp_path / "x"), "--info-keys", "TimeLimit.x",
+                      cwd=tmp_path)
     assert bad.returncode == 3, bad.stderr
     assert "info_keys has 'TimeLimit.x'" in bad.stderr

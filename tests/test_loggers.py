@@ -1,7 +1,8 @@
 """Metrics sinks on real clusters: what a collector sends to TensorBoard (read back from the
 event files with TensorBoard's own reader), W&B (offline, read back from the run's file) and
 MLflow (a local file store), checked against the handles and the store's own episodes; the
-CLI's ``--tensorboard``; an example's ``--tensorboard``."""
+CLI's ``--tensorboard`` (``daskrl collect`` in this process, on the session's cluster); an
+example's ``--tensorboard``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
+from cli_inprocess import daskrl_main
 from distributed import Client
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -168,11 +170,10 @@ def test_hand_over_and_an_asynchronous_client_feed_the_loggers(cluster, tmp_path
 
 def test_cli_tensorboard_writes_the_event_files(cluster, tmp_path):
     store, tb = tmp_path / "store", tmp_path / "tb"
-    out = subprocess.run(
-        [sys.executable, "-m", "daskrl.cli", "collect", "--env", "CartPole-v1", "--frames",
-         "2048", "--frames-per-batch", "512", "--store", str(store), "--scheduler",
-         cluster.scheduler_address, "--tensorboard", str(tb), "--json"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    out = daskrl_main("collect", "--env", "CartPole-v1", "--frames", "2048",
+                      "--frames-per-batch", "512", "--store", str(store), "--scheduler",
+                      cluster.scheduler_address, "--tensorboard", str(tb), "--json",
+                      cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     ev = scalars(tb)
@@ -187,12 +188,17 @@ def test_cli_tensorboard_writes_the_event_files(cluster, tmp_path):
         (store / h.path).stat().st_size for h in handles)
 
 
-def test_cli_tensorboard_without_the_extra_says_what_to_install(tmp_path):
-    hide = "import sys; sys.modules['tensorboard'] = None; from daskrl.cli import main; "
-    out = subprocess.run(
-        [sys.executable, "-c", hide + "sys.exit(main(sys.argv[1:]))", "collect", "--env",
-         "CartPole-v1", "--frames", "1024", "--store", str(tmp_path / "s"), "--tensorboard",
-         str(tmp_path / "tb")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+def test_cli_tensorboard_without_the_extra_says_what_to_install(cluster, tmp_path, monkeypatch):
+    # tensorboard made unimportable in this process, as where it is not installed: torch's
+    # tensorboard modules, imported here already, are imported anew (and fail on `import
+    # tensorboard`); the modules are put back after the test.
+    for name in [n for n in sys.modules if n.split(".")[0] == "tensorboard"
+                 or f"{n}.".startswith("torch.utils.tensorboard.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    out = daskrl_main("collect", "--env", "CartPole-v1", "--frames", "1024", "--store",
+                      str(tmp_path / "s"), "--tensorboard", str(tmp_path / "tb"),
+                      "--scheduler", cluster.scheduler_address, cwd=tmp_path)
     assert out.returncode == 3, out.stderr
     assert 'pip install "daskrl[tensorboard]"' in out.stderr
     assert not (tmp_path / "s").exists()  # nothing started

@@ -1,6 +1,7 @@
-"""The Minari export (``daskrl.integrations.minari``, ``daskrl export --minari``): real
-collections on a LocalCluster, exported, read back with Minari and compared, episode by
-episode and value by value, with the store's own episodes."""
+"""The Minari export (``daskrl.integrations.minari``, ``daskrl export --minari``, run in this
+process: ``tests/cli_inprocess.py``): real collections on a LocalCluster, exported, read back
+with Minari and compared, episode by episode and value by value, with the store's own
+episodes."""
 
 from __future__ import annotations
 
@@ -8,17 +9,16 @@ import functools
 import json
 import os
 import shutil
-import subprocess
-import sys
+import warnings
 
 import gymnasium as gym
 import minari
 import numpy as np
 import pytest
+from cli_inprocess import daskrl_main
 from distributed import Client
 
 import daskrl
-from daskrl.cli._app import main
 from daskrl.integrations import minari as export_module
 from daskrl.integrations.minari import export_minari
 from daskrl.policies import MLPPolicy
@@ -218,12 +218,14 @@ def test_runs_of_several_envs_or_a_factory_need_to_be_named(store_url, tmp_path)
         _assert_same(got, ep)
 
 
-def test_cli_export_writes_a_dataset_minari_loads(store_url, tmp_path, capsys):
+def test_cli_export_writes_a_dataset_minari_loads(store_url, tmp_path, monkeypatch):
     data = tmp_path / "datasets"
-    cmd = [sys.executable, "-m", "daskrl.cli", "export", store_url, "--minari",
-           "cartpole/cli-v0", "--run", "0", "--run", "1", "--author", "Ada", "--json"]
-    env = {**os.environ, "MINARI_DATASETS_PATH": str(data)}  # the default root
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    cmd = ["export", store_url, "--minari", "cartpole/cli-v0", "--run", "0", "--run", "1",
+           "--author", "Ada", "--json"]
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(data))  # the default root
+    with warnings.catch_warnings(record=True) as caught:  # every warning, as a process shows
+        warnings.simplefilter("always")
+        out = daskrl_main(*cmd)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["path"] == str(data / "cartpole" / "cli-v0") and report["runs"] == [0, 1]
@@ -235,16 +237,20 @@ def test_cli_export_writes_a_dataset_minari_loads(store_url, tmp_path, capsys):
     for got, ep in zip(dataset.iterate_episodes(), whole, strict=True):
         _assert_same(got, ep)
     assert dataset.storage.metadata["author"] == {"Ada"}
-    assert "UserWarning" not in out.stderr  # Minari's nags about unset metadata stay quiet
+    # Minari's nags about unset metadata stay quiet
+    assert not [w for w in caught if issubclass(w.category, UserWarning)], caught
+    assert "UserWarning" not in out.stderr
 
-    again = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=120, env=env)
+    again = daskrl_main(*cmd[:-1])
     assert again.returncode == 3 and again.stdout == ""
     assert again.stderr.startswith("daskrl: error: a Minari dataset 'cartpole/cli-v0' "
                                    "already exists"), again.stderr
-    # The same command in this process (main() is what the subprocess ran): replacing it.
-    code = main([*cmd[3:-1], "--overwrite", "--data-path", str(data), "--cut", "truncate"])
-    text = capsys.readouterr().out
-    assert code == 0
+    # Replacing it, the directory given as --data-path instead of by MINARI_DATASETS_PATH.
+    monkeypatch.delenv("MINARI_DATASETS_PATH")
+    replaced = daskrl_main(*cmd[:-1], "--overwrite", "--data-path", str(data), "--cut",
+                           "truncate")
+    text = replaced.stdout
+    assert replaced.returncode == 0, replaced.stderr
     assert (f"exported {len(everything)} episodes" in text
             and f"{cut} episodes still running when the collection stopped end truncated"
             in text), text

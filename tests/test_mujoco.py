@@ -1,18 +1,17 @@
 """MuJoCo's HalfCheetah-v5 (the ``mujoco`` extra), on an in-process LocalCluster and through
-``daskrl collect`` (its embedded process cluster): continuous actions, float64 observations (float32 through a
-wrapper), every stored row compared byte for byte with what the same seeded env returns when
-the test re-steps it with the recorded actions."""
+``daskrl collect`` (run in this process, on its embedded process cluster): continuous actions,
+float64 observations (float32 through a wrapper), every stored row compared byte for byte with
+what the same seeded env returns when the test re-steps it with the recorded actions."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import gymnasium as gym
 import mujoco  # the mujoco extra (in the test extra: pip install -e ".[test]")
 import numpy as np
 import pytest
+from cli_inprocess import daskrl_main
 from env_replay import replay, stream_data
 
 import daskrl
@@ -28,7 +27,8 @@ assert mujoco.__version__
 def _in_tmp_path(tmp_path, monkeypatch):
     """MuJoCo 4 logs gymnasium's HalfCheetah model's deprecated 'settotalmass' to
     MUJOCO_LOG.TXT in the working directory of each process that builds the env: the test's
-    (its in-process workers and the envs it re-steps) and the CLI's are tmp_path."""
+    (its in-process workers and the envs it re-steps) and the CLI's (the embedded cluster's
+    worker processes start in the command's working directory) are tmp_path."""
     monkeypatch.chdir(tmp_path)
 
 
@@ -88,12 +88,13 @@ def test_halfcheetah_float64_round_trip_and_actions_in_bounds(inproc_client, tmp
 @pytest.mark.timeout(400)
 def test_halfcheetah_float32_observations_through_the_cli(tmp_path):
     url = str(tmp_path / "cheetah-cli")
-    cmd = [sys.executable, "-m", "daskrl.cli", "collect", "--env", ENV, "--store", url,
-           "--wrapper", "gymnasium.wrappers.DtypeObservation:dtype='float32'",
-           "--workers", "1", "--envs-per-worker", "2", "--frames-per-batch", "40",
-           "--frames", "80", "--max-frames-per-traj", "15", "--init-random-frames", "80",
-           "--seed", "5", "--no-tls", "--json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    # The embedded cluster (not the session's, whose workers run elsewhere): its worker
+    # processes run in tmp_path, where MuJoCo writes its log.
+    out = daskrl_main("collect", "--env", ENV, "--store", url,
+                      "--wrapper", "gymnasium.wrappers.DtypeObservation:dtype='float32'",
+                      "--workers", "1", "--envs-per-worker", "2", "--frames-per-batch", "40",
+                      "--frames", "80", "--max-frames-per-traj", "15",
+                      "--init-random-frames", "80", "--seed", "5", "--no-tls", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["frames"] == 80
     d = check_cheetah_store(url, 80, 2, 15, np.dtype(np.float32))

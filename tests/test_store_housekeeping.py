@@ -1,15 +1,16 @@
-"""Deleting batches under readers, keep-last-N, and the inspect / gc / prune commands."""
+"""Deleting batches under readers, keep-last-N, and the inspect / gc / prune commands (run in
+this process: ``tests/cli_inprocess.py``)."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+from cli_inprocess import daskrl_main
 
 import daskrl
 from daskrl.store import TrajectoryStore
@@ -81,9 +82,13 @@ def test_a_listed_record_is_rechecked_by_identity_and_reread_when_changed(tmp_pa
     try:
         assert reader.load(1)["reward"].shape == (16, 2)
         assert not [p for p in _OPENED if p.endswith(str(record))]  # the data only
-        st = record.stat()
-        time.sleep(0.05)  # past the file system's timestamp granularity (a few ms at most)
-        record.write_bytes(record.read_bytes())  # the same record, written again in place
+        st, data = record.stat(), record.read_bytes()
+        record.write_bytes(data)  # the same record, written again in place
+        deadline = time.monotonic() + 10
+        while record.stat().st_mtime_ns == st.st_mtime_ns:  # within the timestamp granularity
+            assert time.monotonic() < deadline, "the record's mtime does not change"
+            time.sleep(0.002)
+            record.write_bytes(data)
         assert record.stat().st_ino == st.st_ino
         _OPENED.clear()
         assert reader.load(1)["reward"].shape == (16, 2)
@@ -95,19 +100,14 @@ def test_a_listed_record_is_rechecked_by_identity_and_reread_when_changed(tmp_pa
         reader.load(1)
     assert reader.load(2)["reward"].shape == (16, 2)
 
-def _cli(*args, pre=""):
-    code = f"{pre}import sys; from daskrl.cli import main; sys.exit(main({list(args)!r}))"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
-
-
-def test_cli_inspect_gc_and_prune(tmp_path, capsys):
+def test_cli_inspect_gc_and_prune(tmp_path, capsys, monkeypatch):
     url = str(tmp_path / "s")
     _write(url, 4)
     dead = tmp_path / "s" / "batches" / "000000000009-deadbeef0000"
     dead.mkdir()
     (dead / "zarr.json").write_text("{}")
     png = tmp_path / "returns.png"
-    out = _cli("inspect", url, "--plot", str(png))
+    out = daskrl_main("inspect", url, "--plot", str(png))
     assert out.returncode == 0, out.stderr
     text = out.stdout
     for line in ("batches:           4", "frames:            128",
@@ -129,16 +129,18 @@ def test_cli_inspect_gc_and_prune(tmp_path, capsys):
     summary = summarize(daskrl.open_store(url))
     assert summary["bytes_uncompressed"] == 4 * (16 * 2 * 8 * 4 + 16 * 2 * 4 + 16 * 2)
 
-    out = _cli("gc", url, "--older-than", "0")
+    out = daskrl_main("gc", url, "--older-than", "0")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("removed 1 uncommitted attempts and 0 partial files (2 bytes)")
     assert not dead.exists() and len(daskrl.open_store(url)) == 4
 
-    out = _cli("inspect", url, "--plot", str(png), pre="sys = __import__('sys'); sys.modules['matplotlib'] = None; ")
+    with monkeypatch.context() as hidden:  # matplotlib not installed, as far as imports go
+        hidden.setitem(sys.modules, "matplotlib", None)
+        out = daskrl_main("inspect", url, "--plot", str(png))
     assert out.returncode == 3  # a configuration error: an extra is not installed
     assert 'Install it with: pip install "daskrl[plot]"' in out.stderr
 
-    from daskrl.cli import main  # the same entry point, in process
+    from daskrl.cli import main  # the entry point itself: what daskrl_main runs
 
     capsys.readouterr()
     assert main(["prune", url, "--keep-last", "3"]) == 0
@@ -196,7 +198,7 @@ def test_a_store_is_not_created_among_other_files_and_gc_spares_them(tmp_path):
     report = daskrl.open_store(str(d), writable=True).collect_garbage(older_than=0)
     assert report.partial_files == ("commits/000000000007/zarr." + "ef" * 16 + ".partial",)
     assert not own.exists() and all(f.read_text() == "the user's own" for f in users)
-    out = _cli("gc", str(d), "--older-than", "0")
+    out = daskrl_main("gc", str(d), "--older-than", "0")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("removed 0 uncommitted attempts and 0 partial files")
     assert all(f.read_text() == "the user's own" for f in users)

@@ -2,19 +2,19 @@
 goal-conditioned env with a Dict observation and action space and an env with Tuple spaces
 collected, their batches loaded back nested with every value as the env made it, the true
 final next_observation at episode ends, episodes across batches, zarr alone, TensorDict and
-dataset views, and the CLI's default policy on a Dict observation space."""
+dataset views, and the CLI's default policy on a Dict observation space (``daskrl collect`` in
+this process, on the session's cluster)."""
 
 from __future__ import annotations
 
 import functools
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import zarr
+from cli_inprocess import daskrl_main
 from distributed import Client
 from zarr.storage import ZipStore
 
@@ -145,15 +145,12 @@ def test_tuple_spaces_round_trip(client, tmp_path):
     assert list(part["observation"]) == ["2"]  # a part of a tuple comes keyed by its index
 
 
-def test_cli_collects_a_dict_env_with_its_default_policy(tmp_path):
+def test_cli_collects_a_dict_env_with_its_default_policy(cluster, tmp_path):
     store = tmp_path / "demo"
-    out = subprocess.run(
-        [sys.executable, "-m", "daskrl.cli", "collect", "--env",
-         "daskrl.testing:GoalCounting-v0", "--frames", "64", "--frames-per-batch", "32",
-         "--envs-per-worker", "4", "--workers", "1", "--store", str(store), "--no-progress",
-         "--no-tls"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
-    )
+    out = daskrl_main("collect", "--env", "daskrl.testing:GoalCounting-v0", "--frames", "64",
+                      "--frames-per-batch", "32", "--envs-per-worker", "4", "--workers", "1",
+                      "--store", str(store), "--no-progress", "--scheduler",
+                      cluster.scheduler_address, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     s = daskrl.open_store(str(store))
     b = s.load(s.batch_ids()[0])

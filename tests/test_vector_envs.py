@@ -1,4 +1,5 @@
-"""Vector envs collected through ``Collector`` and ``daskrl collect`` on real clusters.
+"""Vector envs collected through ``Collector`` and ``daskrl collect`` (in this process, on the
+session's cluster) on real clusters.
 
 For every kind (gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv``, a native ``VectorEnv``,
 ``vector_entry_point`` envs, envpool) and every autoreset mode, the store holds only real
@@ -11,14 +12,13 @@ import functools
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from cli_cluster import cli_cluster, scheduler_address
+from cli_inprocess import daskrl_main
 from distributed import Client
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
@@ -239,6 +239,21 @@ def test_async_step_past_the_batch_timeout_is_stopped(parent_cluster, tmp_path):
     assert set(_children(client).values()) == {0}  # the hung sub-processes were terminated
 
 
+class _MarkedHang(FaultyEnv):
+    """``FaultyEnv("hang", once=True)`` that leaves a file named by its process id in ``marks``
+    as its hanging step begins: the test then knows the batch waits on that step."""
+
+    def __init__(self, marks: str, at: int, hang: float) -> None:
+        super().__init__("hang", at=at, hang=hang, once=True, token="close-mid-step")
+        self.marks, self.steps = marks, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.at:  # one env per sub-process: FaultyEnv counts these steps too
+            open(os.path.join(self.marks, str(os.getpid())), "w").close()
+        return super().step(action)
+
+
 def test_collector_closed_mid_step_leaves_the_envs_to_the_batch(parent_cluster, tmp_path):
     """The collector closes while a batch waits on its AsyncVectorEnv's step: the worker's
     teardown waits for the batch to end (so nothing reaches the store after close()) and
@@ -246,18 +261,18 @@ def test_collector_closed_mid_step_leaves_the_envs_to_the_batch(parent_cluster, 
     worker's event loop, two threads read the same pipes: the batch hung in its next call, or
     the sub-processes were left behind.)"""
     _, client = parent_cluster
-    factories = [functools.partial(FaultyEnv, "hang", at=2, hang=2, once=True,
-                                   token="close-mid-step")] * 2
+    marks = tmp_path / "hanging"
+    marks.mkdir()
+    factories = [functools.partial(_MarkedHang, str(marks), at=2, hang=2)] * 2
     c = daskrl.Collector(lambda: AsyncVectorEnv(factories, context="fork"), TagPolicy(),
                          str(tmp_path / "s"), client=client, frames_per_batch=20,
                          total_frames=None, num_workers=1)
     try:
         c.submit()
         deadline = time.monotonic() + 30
-        while 2 not in _children(client).values():  # the batch's sub-processes run
-            assert time.monotonic() < deadline, _children(client)
-            time.sleep(0.05)
-        time.sleep(0.3)  # into the step that sleeps 2 s
+        while len(os.listdir(marks)) < 2:  # both sub-processes are in the step that sleeps 2 s
+            assert time.monotonic() < deadline, (os.listdir(marks), _children(client))
+            time.sleep(0.02)
     finally:
         c.close()
     # close() returned once the batch had ended and closed its envs
@@ -292,15 +307,14 @@ def test_envpool_pools_seeded_per_stream(client, tmp_path):
     assert len(first) == 2 and not np.array_equal(first[0], first[1])  # seeds per stream
 
 
-def test_cli_collects_a_vector_env(tmp_path):
+def test_cli_collects_a_vector_env(cluster, tmp_path):
     store = tmp_path / "s"
-    out = subprocess.run(
-        [sys.executable, "-m", "daskrl.cli", "collect", "--env", "daskrl.testing:Counting-v0",
-         "--vectorization-mode", "sync", "--vector-kwargs", '{"autoreset_mode": "SameStep"}',
-         "--envs-per-worker", "2", "--frames", "40", "--frames-per-batch", "20", "--workers",
-         "1", "--store", str(store), "--no-progress", "--no-tls"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
-    )
+    out = daskrl_main(
+        "collect", "--env", "daskrl.testing:Counting-v0",
+        "--vectorization-mode", "sync", "--vector-kwargs", '{"autoreset_mode": "SameStep"}',
+        "--envs-per-worker", "2", "--frames", "40", "--frames-per-batch", "20", "--workers",
+        "1", "--store", str(store), "--no-progress", "--scheduler", cluster.scheduler_address,
+        cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     reader = daskrl.open_store(str(store))
     assert reader.frames == 40

@@ -1,18 +1,17 @@
 """Vector envs with the rest of issue 15, end to end on real clusters: a ``Dict``-space vector
 env stores and loads back exactly what single envs do; ``info_keys`` and episode statistics of
 a vector env reach the store and the handles in each autoreset mode; lists of envs with vector
-entries; ``daskrl collect`` taking ``envs_per_worker`` from a vector env it imports; resume
-refusing other vector settings."""
+entries; ``daskrl collect`` (in this process, on the session's cluster) taking
+``envs_per_worker`` from a vector env it imports; resume refusing other vector settings."""
 
 from __future__ import annotations
 
 import functools
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from cli_inprocess import daskrl_main
 from gymnasium.vector import AutoresetMode
 
 import daskrl
@@ -93,17 +92,16 @@ def test_env_lists_with_a_vector_entry(client, tmp_path):
         assert np.array_equal(b["next_observation"], b["observation"] + np.array([0, 1]))
 
 
-def test_cli_takes_envs_per_worker_from_the_vector_env_it_imports(tmp_path):
+def test_cli_takes_envs_per_worker_from_the_vector_env_it_imports(cluster, tmp_path):
     """36 frames per batch is no multiple of the default envs_per_worker (8): the command
     must not refuse it before the env says num_envs=6."""
     store = tmp_path / "s"
-    out = subprocess.run(
-        [sys.executable, "-m", "daskrl.cli", "collect", "--env",
-         "daskrl.testing:CountingVectorEnv", "--env-kwargs", '{"num_envs": 6, "infos": true}',
-         "--info-keys", "t", "--frames", "72", "--frames-per-batch", "36", "--workers", "1",
-         "--store", str(store), "--no-progress", "--no-tls"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
-    )
+    out = daskrl_main(
+        "collect", "--env",
+        "daskrl.testing:CountingVectorEnv", "--env-kwargs", '{"num_envs": 6, "infos": true}',
+        "--info-keys", "t", "--frames", "72", "--frames-per-batch", "36", "--workers", "1",
+        "--store", str(store), "--no-progress", "--scheduler", cluster.scheduler_address,
+        cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     reader = daskrl.open_store(str(store))
     assert reader.frames == 72 and reader.runs()[0]["settings"]["envs_per_worker"] == 6
@@ -111,13 +109,12 @@ def test_cli_takes_envs_per_worker_from_the_vector_env_it_imports(tmp_path):
         b = h.load()
         assert h.shape == (6, 6)
         assert torch.equal(b["info"]["t"], b["next_observation"][..., 1].long())
-    bad = subprocess.run(
-        [sys.executable, "-m", "daskrl.cli", "collect", "--env",
-         "daskrl.testing:CountingVectorEnv", "--env-kwargs", '{"num_envs": 6}',
-         "--envs-per-worker", "4", "--frames", "72", "--frames-per-batch", "36",
-         "--store", str(tmp_path / "t"), "--no-progress", "--no-tls"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
-    )
+    bad = daskrl_main(
+        "collect", "--env",
+        "daskrl.testing:CountingVectorEnv", "--env-kwargs", '{"num_envs": 6}',
+        "--envs-per-worker", "4", "--frames", "72", "--frames-per-batch", "36",
+        "--store", str(tmp_path / "t"), "--no-progress", "--scheduler",
+        cluster.scheduler_address, cwd=tmp_path)
     assert bad.returncode != 0
     assert "builds a vector env of num_envs=6, but envs_per_worker=4 was given" in bad.stderr
 

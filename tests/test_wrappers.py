@@ -1,17 +1,17 @@
-"""Wrappers given as specs, on a real spawn-based LocalCluster and through ``daskrl collect``:
-what the store holds is what the wrapped env gives (episode limits, stacked frames), the run
-record names the wrappers, and a bad wrapper fails on the learner before any worker works."""
+"""Wrappers given as specs, on a real spawn-based LocalCluster and through ``daskrl collect`` (in
+this process, on the session's cluster): what the store holds is what the wrapped env gives
+(episode limits, stacked frames), the run record names the wrappers, and a bad wrapper fails on
+the learner before any worker works."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from cli_inprocess import daskrl_main
 
 import daskrl
 from daskrl import WrapperError
@@ -97,15 +97,15 @@ def test_a_bad_wrapper_fails_on_the_learner_before_workers_start(client, tmp_pat
 
 
 @pytest.mark.timeout(400)
-def test_cli_wrappers_and_several_envs_reach_the_store(tmp_path):
+def test_cli_wrappers_and_several_envs_reach_the_store(cluster, tmp_path):
     store = tmp_path / "cli"
-    cmd = [sys.executable, "-m", "daskrl.cli", "collect", "--store", str(store),
-           "--env", "daskrl.testing:CountingEnv", "--env", "daskrl.testing:SlowEnv",
-           "--wrapper", f"{TIME_LIMIT}:max_episode_steps=6",
-           "--wrapper", f"{FRAME_STACK}:stack_size=3", "--wrapper", STATS,
-           "--workers", "2", "--envs-per-worker", "2", "--frames-per-batch", "24",
-           "--frames", "96", "--no-tls", "--json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = daskrl_main("collect", "--store", str(store),
+                      "--env", "daskrl.testing:CountingEnv", "--env", "daskrl.testing:SlowEnv",
+                      "--wrapper", f"{TIME_LIMIT}:max_episode_steps=6",
+                      "--wrapper", f"{FRAME_STACK}:stack_size=3", "--wrapper", STATS,
+                      "--workers", "2", "--envs-per-worker", "2", "--frames-per-batch", "24",
+                      "--frames", "96", "--scheduler", cluster.scheduler_address, "--json",
+                      cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["frames"] == 96
     s = daskrl.open_store(str(store))
@@ -127,8 +127,7 @@ def test_cli_wrappers_and_several_envs_reach_the_store(tmp_path):
 
 
 def test_cli_bad_wrappers_exit_3_before_any_cluster(tmp_path):
-    base = [sys.executable, "-m", "daskrl.cli", "collect", "--env", "CartPole-v1", "--store",
-            str(tmp_path / "s"), "--no-progress"]
+    base = ["collect", "--env", "CartPole-v1", "--store", str(tmp_path / "s"), "--no-progress"]
     for spec, message in [
         ("gymnasium.wrappers.NoSuch", "daskrl: error: wrapper 'gymnasium.wrappers.NoSuch': "
                                       "'gymnasium.wrappers' has no attribute 'NoSuch'"),
@@ -136,8 +135,7 @@ def test_cli_bad_wrappers_exit_3_before_any_cluster(tmp_path):
                                       "'stack_size' is not KEY=VALUE pairs"),
         (TIME_LIMIT, f"daskrl: error: wrapper '{TIME_LIMIT}' failed on env 'CartPole-v1'"),
     ]:
-        out = subprocess.run([*base, "--wrapper", spec], capture_output=True, text=True,
-                             timeout=120)
+        out = daskrl_main(*base, "--wrapper", spec)
         assert out.returncode == 3, out.stderr
         assert message in out.stderr, out.stderr
     assert not (tmp_path / "s").exists()  # nothing was started, not even the store
