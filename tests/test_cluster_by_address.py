@@ -4,6 +4,7 @@ line as separate process trees (as on separate nodes), reached by address and by
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -152,13 +153,12 @@ def test_late_worker_gets_env_vars_and_a_version_mismatch_is_refused(cli, tmp_pa
             _wait_for_n_workers(d.client, 2)
 
 
+#: What a collection's worker imports first. Imported there through ``importlib`` (a function
+#: defined in this test module would not unpickle on a CLI worker, which cannot import it).
+WORKER_SIDE = ("daskrl.store._store", "daskrl.testing", "daskrl.worker._tasks")
+
+
 @pytest.mark.timeout(180)
-def _import_the_worker_side() -> None:
-    import daskrl.store._store
-    import daskrl.testing
-    import daskrl.worker._tasks  # noqa: F401
-
-
 def test_closing_with_a_frozen_scheduler_ends_within_its_deadlines(tmp_path):
     """A scheduler that stops answering (SIGSTOP: a hung node) while a batch is in flight:
     closing the collector takes at most its bounded calls (``call_timeout`` each), not forever,
@@ -172,7 +172,8 @@ def test_closing_with_a_frozen_scheduler_ends_within_its_deadlines(tmp_path):
         d.client.wait_for_workers(1, timeout=120)
         # The worker imports what a collection runs first: on a loaded machine those imports
         # alone can take the start's store probe past this test's short call_timeout.
-        d.client.run(_import_the_worker_side)
+        for module in WORKER_SIDE:
+            d.client.run(importlib.import_module, module)
         collector = daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=d.client,
                                      envs_per_worker=2, frames_per_batch=20,
                                      total_frames=2_000_000, call_timeout=call_timeout,
