@@ -1,4 +1,5 @@
-"""Async collection, policy lag, backpressure and the futures API, on a real LocalCluster."""
+"""Async collection, policy lag, backpressure and the futures API, on a real LocalCluster.
+(Their settings' checks, before any cluster starts: tests/unit/test_async_and_futures.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from distributed import Client, as_completed, wait
 
 import daskrl
-from daskrl import ConfigError, DaskrlError
+from daskrl import DaskrlError
 from daskrl.testing import TagPolicy
 
 COUNTING = "daskrl.testing:Counting-v0"
@@ -77,12 +78,6 @@ def test_max_policy_lag_drops_stale_batches_and_recollects_their_frames(client, 
     assert len(dropped) == summary["dropped_stale"]
     for h in handles:
         _assert_tags_match(h)
-
-
-def test_max_policy_lag_is_validated(tmp_path):
-    with pytest.raises(ConfigError, match=re.escape(
-            "max_policy_lag must be an integer >= 0 or None, got -1.")):
-        daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), max_policy_lag=-1)
 
 
 def test_a_slow_learner_does_not_let_the_store_run_ahead(client, tmp_path):

@@ -1,19 +1,18 @@
-"""End to end on a real spawn-based LocalCluster: weights -> workers -> rollouts -> store -> handles."""
+"""End to end on a real spawn-based LocalCluster: weights -> workers -> rollouts -> store -> handles.
+(Bad input, refused before any cluster starts: tests/unit/test_collector.py.)"""
 
 from __future__ import annotations
 
 import functools
-import multiprocessing
-import re
 import uuid
 
 import numpy as np
 import pytest
 import torch
+from child_processes import children as _children
 from distributed import Client
 
 import daskrl
-from daskrl import ConfigError, EnvError, PolicyError
 from daskrl.testing import ConstantPolicy, EnvVarEnv, TagPolicy
 
 COUNTING = "daskrl.testing:Counting-v0"
@@ -141,10 +140,6 @@ def test_client_connected_by_address(cluster, tmp_path):
         assert client.status == "running"  # a user's client stays up
 
 
-def _children() -> set[int]:
-    return {p.pid for p in multiprocessing.active_children() if p.is_alive()}
-
-
 def test_embedded_cluster_starts_and_closes(tmp_path):
     before = _children()  # the session's shared cluster may be running
     with daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), envs_per_worker=2,
@@ -154,26 +149,6 @@ def test_embedded_cluster_starts_and_closes(tmp_path):
         cluster = collector.client.cluster
     assert collector.client.status == "closed" and cluster.status.name == "closed"
     assert _children() <= before
-
-
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    ({"frames_per_batch": 100, "envs_per_worker": 8}, ConfigError,
-     "frames_per_batch=100 is not a multiple of envs_per_worker=8"),
-    ({"total_frames": 1001}, ConfigError, "total_frames=1001 is not a multiple of envs_per_worker=8"),
-    ({"envs_per_worker": 0}, ConfigError, "envs_per_worker must be an integer >= 1, got 0."),
-    ({"env": "CartPol-v1"}, EnvError, "could not make env 'CartPol-v1'"),
-    ({"policy": ConstantPolicy(0.5)}, PolicyError, "has dtype torch.float32, but env 'CartPole-v1'"),
-    ({"device": "gpu:7"}, ConfigError, "device 'gpu:7' is not a torch device"),
-    ({"compression": "bzip"}, ConfigError, "compression must be one of"),
-])
-def test_bad_input_fails_before_any_cluster_starts(tmp_path, kwargs, error, message):
-    args = {"env": "CartPole-v1", "policy": ConstantPolicy(0, torch.int64),
-            "store": str(tmp_path / "s")} | kwargs
-    before = _children()
-    with pytest.raises(error, match=re.escape(message)):
-        daskrl.Collector(args.pop("env"), args.pop("policy"), args.pop("store"), **args)
-    assert _children() <= before  # no cluster was started
-    assert not (tmp_path / "s" / "batches").exists() or not any((tmp_path / "s" / "batches").iterdir())
 
 
 def test_stored_transitions_are_real_on_cartpole(client, tmp_path, cartpole_policy):

@@ -3,7 +3,8 @@
 Report 000 (torchrl on macOS/mps): spawned workers pickle tensors through shared storages and
 die with ``_share_filename_: only available on CPU``. Report 004 (ElegantRL on Windows/CUDA):
 an actor sent through a pipe arrives with a buffer silently zeroed. Here weights travel as
-checked numpy snapshots; these tests check, bit for bit, what every worker loaded.
+checked numpy snapshots; these tests check, bit for bit, what every worker loaded. (The
+learner's checks and device resolution, without a cluster: tests/unit/test_devices_weights.py.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import daskrl
 from daskrl import ConfigError, PolicyError
 from daskrl.testing import TagPolicy, worker_weights
 from daskrl.weights import policy_spec, snapshot
-from daskrl.worker._devices import resolve_device
 
 COUNTING = "daskrl.testing:Counting-v0"
 
@@ -157,20 +157,6 @@ def test_what_travels_holds_no_tensor_data(client, tmp_path, shared_memory):
         list(collector)
 
 
-def test_plain_tensor_attributes_are_refused(tmp_path):
-    class Sneaky(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(4, 2)
-            self.state_std = torch.ones(4)  # neither parameter nor buffer: would be pickled
-
-        def forward(self, obs):
-            return self.lin(obs / self.state_std).argmax(-1)
-
-    with pytest.raises(PolicyError, match=re.escape("holds tensor data outside its parameters and buffers")):
-        daskrl.Collector("CartPole-v1", Sneaky(), str(tmp_path / "s"))
-
-
 def _make_policy(hidden: int) -> nn.Module:
     return nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 2), _Argmax())
 
@@ -207,18 +193,3 @@ def test_device_mapping_and_a_missing_gpu_fail_at_start(client, tmp_path):
         daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "b"), client=client,
                          device={first: "cuda:1"}, envs_per_worker=2, frames_per_batch=10)
     assert not client.list_datasets()
-
-
-def test_resolve_device_order(monkeypatch):
-    monkeypatch.delenv("DASKRL_DEVICE", raising=False)
-    assert resolve_device("auto", "w0", "tcp://a") == torch.device("cpu")
-    assert resolve_device({"w1": "cpu"}, "w0", "tcp://a") == torch.device("cpu")
-    monkeypatch.setenv("DASKRL_DEVICE", "cpu")
-    assert resolve_device("auto", "w0", "tcp://a") == torch.device("cpu")
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("DASKRL_DEVICE", "cuda:1")  # the worker declares a GPU it lacks
-        with pytest.raises(ConfigError, match=re.escape("worker w0 (tcp://a) was asked for device 'cuda:1'")):
-            resolve_device("auto", "w0", "tcp://a")
-        # an explicit setting wins over the declaration
-        assert resolve_device("cpu", "w0", "tcp://a") == torch.device("cpu")
-        assert resolve_device({"w0": "cpu"}, "w0", "tcp://a") == torch.device("cpu")

@@ -1,5 +1,8 @@
 """Episodes across batches: ``store.episodes()`` after deletions, and the continuity checker
-(``daskrl.testing.check_episode_continuity``) on real stores and on stores broken on purpose."""
+(``daskrl.testing.check_episode_continuity``) on real stores and on stores broken on purpose.
+
+The shared store is written on an in-process cluster: the tests that read it are in the
+cluster tier (marked: the tier rule cannot see the fixture's cluster)."""
 
 from __future__ import annotations
 
@@ -44,12 +47,14 @@ def _copy(store_url, tmp_path):
     return daskrl.open_store(str(dst), writable=True)
 
 
+@pytest.mark.cluster
 def test_a_real_store_is_continuous(store_url):
     report = check_episode_continuity(daskrl.open_store(store_url))
     assert report.batches == 12 and report.transitions == 52
     assert report.ended == 8 and report.cut == 2 * 2  # run 0 ends all (20 steps per env)
 
 
+@pytest.mark.cluster
 def test_episodes_whose_first_batch_was_deleted_are_incomplete(store_url, tmp_path):
     store = _copy(store_url, tmp_path)
     before = {e.episode_id: e for e in store.episodes(["step"], complete_only=False)}
@@ -68,6 +73,7 @@ def test_episodes_whose_first_batch_was_deleted_are_incomplete(store_url, tmp_pa
                                            if e.complete and e.batch_ids[0] != 0}
 
 
+@pytest.mark.cluster
 def test_episodes_with_a_deleted_middle_batch_are_incomplete(store_url, tmp_path):
     store = _copy(store_url, tmp_path)
     spanning = [e for e in store.episodes(["step"]) if e.batch_ids[1:-1] == (1,)]
@@ -104,6 +110,7 @@ def _breaks(store):
     return str(info.value)
 
 
+@pytest.mark.cluster
 def test_checker_finds_episodes_whose_first_steps_are_in_no_batch(store_url, tmp_path):
     src = daskrl.open_store(store_url)
     assert check_episode_continuity(_rewrite(src, str(tmp_path / "same"))).batches == 12
@@ -112,6 +119,7 @@ def test_checker_finds_episodes_whose_first_steps_are_in_no_batch(store_url, tmp
                      r"are in no batch", text), text
 
 
+@pytest.mark.cluster
 def test_checker_finds_a_continuation_that_is_not_the_stream_s_last_state(store_url, tmp_path):
     src = daskrl.open_store(store_url)
 
@@ -125,6 +133,7 @@ def test_checker_finds_a_continuation_that_is_not_the_stream_s_last_state(store_
            "step in batch 2 ended with" in text, text
 
 
+@pytest.mark.cluster
 def test_checker_finds_a_continuation_across_streams(store_url, tmp_path):
     src = daskrl.open_store(store_url)
 
@@ -137,6 +146,7 @@ def test_checker_finds_a_continuation_across_streams(store_url, tmp_path):
         or "continues from batch 2, which is not the batch before 3 in its stream (1)" in text, text
 
 
+@pytest.mark.cluster
 def test_checker_finds_a_step_stored_twice_and_a_missing_end(store_url, tmp_path):
     src = daskrl.open_store(store_url)
 

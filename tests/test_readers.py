@@ -1,5 +1,9 @@
 """Readers for learners on a store written by real collectors: selections, device loads,
-episodes across batches, the dask view, and torch datasets with parallel DataLoader workers."""
+episodes across batches, the dask view, and torch datasets with parallel DataLoader workers.
+
+The store is written on an in-process cluster: the tests that read it in this process only are
+in the cluster tier (marked: the tier rule cannot see the fixture's cluster); those with
+DataLoader worker processes are system tests."""
 
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ def store_url(tmp_path_factory):
 RUN1 = 1_000_000_000
 
 
+@pytest.mark.cluster
 def test_counts_and_selections(store_url):
     store = daskrl.open_store(store_url)
     assert store.num_batches == len(store) == 10 and store.frames == 64 + 12
@@ -65,6 +70,7 @@ def test_counts_and_selections(store_url):
     assert seen[:4] == [0, 1, 6, 7]
 
 
+@pytest.mark.cluster
 def test_load_onto_a_device_one_tensor_per_array(store_url):
     store = daskrl.open_store(store_url)
     batch = store.load(0, device="cpu")
@@ -77,6 +83,7 @@ def test_load_onto_a_device_one_tensor_per_array(store_url):
     assert meta["observation"].device.type == "meta" and meta["observation"].shape == (4, 2, 2)
 
 
+@pytest.mark.cluster
 def test_episodes_are_reassembled_across_batches(store_url):
     store = daskrl.open_store(store_url)
     eps = list(store.episodes(["observation", "reward", "step"]))
@@ -98,6 +105,7 @@ def test_episodes_are_reassembled_across_batches(store_url):
     assert sum(e.length for e in everything) == store.frames  # every row in exactly one episode
 
 
+@pytest.mark.cluster
 def test_dask_view(store_url):
     store = daskrl.open_store(store_url)
     loads = {b: store.load(b) for b in store.batch_ids()}

@@ -5,6 +5,7 @@ Each nanny start makes two spawn-context queues, six named semaphores; before
 :class:`daskrl.deploy._nanny.EmbeddedNanny` their files stayed in ``/dev/shm`` for good when the
 learner and its tracker were killed together. Files are told apart by the processes that map
 them (``/proc/<pid>/maps``), not by a listing of ``/dev/shm``: other programs make some too.
+(The nanny preload refusing a worker, without a cluster: tests/unit/test_shm_files.py.)
 """
 
 from __future__ import annotations
@@ -162,10 +163,3 @@ def test_dask_workers_killed_whole_leave_semaphore_files_unless_the_nanny_preloa
         procs.kill_all()
         for f in left:  # never leave them, pass or fail
             Path(f).unlink(missing_ok=True)
-
-
-def test_the_nanny_preload_refuses_to_run_in_a_worker():
-    from daskrl.deploy import nanny_preload
-
-    with pytest.raises(TypeError, match="pass it with --preload-nanny, not --preload"):
-        nanny_preload.dask_setup(object())

@@ -1,5 +1,6 @@
 """Atomic, idempotent batches under real OS processes: concurrent writers, duplicate commits,
-writers killed mid-write (SIGKILL), and garbage collection that spares running writers."""
+writers killed mid-write (SIGKILL), and garbage collection that spares running writers. (Its
+arguments, without a writer process: tests/unit/test_store_processes.py.)"""
 
 from __future__ import annotations
 
@@ -173,20 +174,6 @@ def _meta(tag):
     from store_writer_proc import meta
 
     return meta(tag)
-
-
-def test_gc_refuses_bad_input_and_read_only_stores(tmp_path):
-    import re
-
-    w = TrajectoryStore(str(tmp_path / "s"), read_only=False)
-    w.initialize()
-    with pytest.raises(daskrl.ConfigError, match=re.escape("older_than must be a number of seconds >= 0, got -1")):
-        w.collect_garbage(older_than=-1)
-    r = daskrl.open_store(str(tmp_path / "s"))
-    with pytest.raises(daskrl.StoreError, match=re.escape("cannot collect garbage: store")):
-        r.collect_garbage()
-    assert r.collect_garbage(dry_run=True).attempts == ()
-    assert os.path.isdir(tmp_path / "s" / "batches")
 
 
 def _stopped(p: subprocess.Popen) -> bool:

@@ -122,6 +122,7 @@ def test_processes_race_on_s3_and_a_polling_reader_sees_new_batches(s3, tmp_path
             np.testing.assert_array_equal(got[k].numpy(), v)
 
 
+@pytest.mark.system
 def test_collector_on_s3_then_readers_and_housekeeping(s3, inproc_client):
     url, options = s3
     with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url,

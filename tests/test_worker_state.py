@@ -1,7 +1,8 @@
 """A collector's state on real in-process Dask workers (``distributed.utils_test.gen_cluster``):
 weights versions loaded once each and from where, stream envs kept across batches and dropped
-when their batch is lost, teardown leaving nothing, and worker errors reaching the client as
-themselves. No collector: the tests drive the plugin and its tasks as the learner would."""
+when their batch is lost, teardown leaving nothing, and worker errors naming the env or the
+weights. No collector: the tests drive the plugin and its tasks as the learner would. (Errors
+through Dask's error transport, without a cluster: tests/unit/test_worker_state.py.)"""
 
 from __future__ import annotations
 
@@ -190,24 +191,3 @@ async def test_weights_no_longer_published_and_a_missing_plugin_are_named(c, s, 
         await c.unregister_worker_plugin(plugin.name)
     with pytest.raises(CollectorClosedError, match="has no daskrl plugin"):
         await c.submit(collect_batch, plugin.name, _task(0, 0, "k"), pure=False)
-
-
-def test_every_daskrl_error_survives_dasks_error_transport():
-    """A worker's error reaches the learner as itself (Dask pickles it with tblib)."""
-    import inspect
-
-    from distributed.core import error_message
-    from distributed.protocol import pickle as dask_pickle
-
-    import daskrl.errors as errors
-
-    for name, cls in inspect.getmembers(errors, inspect.isclass):
-        if not issubclass(cls, errors.DaskrlError):
-            continue
-        try:
-            raise cls("what was wrong\nand what to do")
-        except cls as e:
-            msg = error_message(e)
-        exc = dask_pickle.loads(msg["exception"].data)  # what the learner unpickles
-        assert type(exc) is cls, name
-        assert "what to do" in str(exc), name

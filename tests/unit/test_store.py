@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import pickle
 import re
-import sys
 import uuid
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +16,6 @@ import zarr
 import daskrl
 from daskrl import BatchNotFoundError, StoreFormatError
 from daskrl.store import FORMAT_VERSION, TrajectoryStore
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _arrays(T=4, E=2, seed=0):
