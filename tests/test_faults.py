@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 from distributed import Client
-from scheduler_kills import KillOnResult
+from scheduler_kills import KillAfterCommit
 
 import daskrl
 from daskrl import BatchTimeoutError, EnvError
@@ -105,23 +105,27 @@ def test_worker_lost_mid_batch_costs_a_retry_only(own_cluster, tmp_path, how, ki
     _check_store(url, 24, 80 * 24)
 
 
-def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_path):
-    # One stream on two workers. The stream's worker dies right after committing batch 1:
-    # Dask runs batch 1 again on the other worker (with envs of its own), whose write finds
-    # the commit and keeps the original. The stream's next batches run there too, and must
-    # not continue the episodes of that discarded re-run.
+@pytest.mark.parametrize("sync", [True, False])
+def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_path, sync):
+    # One stream on two workers. The stream's worker dies right after committing batch 1,
+    # before its handle leaves: the stream starts again on the other worker (with envs of its
+    # own) and is sent batch 1 again, whose write finds the commit and hands back the
+    # original. The stream's next batches must not continue the episodes of that discarded
+    # re-run; nothing is committed or handed over twice.
+    flag = tmp_path / "killed"
     with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
-        killer = KillOnResult(cluster, 1)
-        cluster.scheduler.add_plugin(killer, name="kill-on-result")
+        client.register_plugin(KillAfterCommit(1, str(flag)), name="kill-after-commit")
         url = str(tmp_path / "s")
         env = functools.partial(SlowEnv, 0.001, 7)
         with daskrl.Collector(env, TagPolicy(), url, client=client, envs_per_worker=2,
-                              frames_per_batch=20, total_frames=100, num_workers=1) as c:
+                              frames_per_batch=20, total_frames=100, num_workers=1,
+                              sync=sync) as c:
             handles = list(c)
-        assert killer.killed is not None
-        assert [h.batch_id for h in handles] == [0, 1, 2, 3, 4]
-        assert handles[1].worker == killer.killed  # the original attempt was kept
-        assert {h.worker for h in handles[2:]} != {killer.killed}
+        killed = flag.read_text()
+        assert sorted(h.batch_id for h in handles) == [0, 1, 2, 3, 4]
+        by_id = {h.batch_id: h for h in handles}
+        assert by_id[1].worker == killed  # the original attempt was kept
+        assert {by_id[b].worker for b in (2, 3, 4)} != {killed}
     _check_store(url, 5, 100)
 
 
