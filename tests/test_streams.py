@@ -13,32 +13,15 @@ import os
 import signal
 import time
 
-import numpy as np
 import pytest
+from counting_stores import check_counting_store
 from distributed import Client
 
 import daskrl
 from daskrl.deploy import local_cluster
-from daskrl.testing import SlowEnv, TagPolicy, check_episode_continuity
+from daskrl.testing import SlowEnv, TagPolicy
 
 COUNTING = "daskrl.testing:Counting-v0"
-
-
-def _check_store(url: str, n_batches: int, frames: int) -> None:
-    """Exactly the expected batches, each once; every transition real; episodes continuous."""
-    store = daskrl.open_store(url)
-    assert store.batch_ids() == list(range(n_batches))
-    assert store.frames == frames
-    seen: dict[int, set[int]] = {}
-    for bid in store.batch_ids():
-        b = store.load(bid)
-        obs, nxt = b["observation"].numpy(), b["next_observation"].numpy()
-        assert np.array_equal(nxt, obs + np.array([0, 1]))  # counting envs: real transitions
-        for eid, step in zip(b["episode_id"].numpy().ravel(), b["step"].numpy().ravel()):
-            steps = seen.setdefault(int(eid), set())
-            assert int(step) not in steps, (eid, step)  # no transition stored twice
-            steps.add(int(step))
-    check_episode_continuity(store)
 
 
 def _collect(client, sync: bool, url: str, **options):
@@ -84,7 +67,7 @@ def test_sync_rounds_come_from_one_task_per_stream_in_batch_order(client, tmp_pa
     for first in range(0, 12, 2):
         assert handles[first].weights_version == handles[first + 1].weights_version
     assert _by_stream(url) == {0: list(range(0, 13, 2)), 1: list(range(1, 13, 2))}
-    _check_store(url, 13, 76)
+    check_counting_store(url, 13, 76)
 
 
 def test_async_streams_run_on_the_newest_weights_within_the_credits(client, tmp_path):
@@ -106,7 +89,7 @@ def test_async_streams_run_on_the_newest_weights_within_the_credits(client, tmp_
         for prev, nxt in itertools.pairwise(ids):
             taken_at = by_id[prev].weights_version + by_id[prev].policy_lag
             assert by_id[nxt].weights_version >= taken_at, (prev, nxt, records[nxt])
-    _check_store(url, 13, 76)
+    check_counting_store(url, 13, 76)
 
 
 @pytest.mark.faults
@@ -128,7 +111,7 @@ def test_worker_killed_mid_stream_costs_a_retry_only(tmp_path, sync):
             assert collector._run is not None and collector._run.streams.restarts >= 1
         assert sorted(h.batch_id for h in handles) == list(range(20))  # each handed over once
         assert sum(h.frames for h in handles) == 40 * 20
-    _check_store(url, 20, 40 * 20)  # each committed once
+    check_counting_store(url, 20, 40 * 20)  # each committed once
 
 
 def test_the_learner_refuses_a_stream_without_the_token_or_of_another_epoch(client, tmp_path):
@@ -183,4 +166,4 @@ def test_a_joining_worker_takes_a_stream_over_and_a_retiring_one_hands_its_over(
         assert old not in workers[30:], workers  # none on the retired worker after it left
         assert sorted(h.batch_id for h in handles) == list(range(40))  # each handed over once
         assert sum(h.frames for h in handles) == 40 * 40
-    _check_store(url, 40, 40 * 40)
+    check_counting_store(url, 40, 40 * 40)
