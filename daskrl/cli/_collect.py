@@ -9,7 +9,7 @@ import inspect
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daskrl.cli._early_cluster import EarlyCluster
 from daskrl.cli._options import add_config_options, config_options
@@ -17,6 +17,10 @@ from daskrl.cli._store import json_object
 from daskrl.cli._target import add_cluster_args, deployment, print_dashboard_link
 from daskrl.deploy._cluster import dashboard_link, require_bokeh
 from daskrl.errors import ConfigError, EnvError
+
+if TYPE_CHECKING:
+    from daskrl.collect._env_list import Resolved
+    from daskrl.config import CollectorConfig
 
 __all__ = ["add_collect_command", "run_collect"]
 
@@ -162,6 +166,8 @@ def run_collect(args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from e
     config, obs_space, act_space = (resolved.config, resolved.observation_space,
                                     resolved.action_space)
+    if config.resume is not False:  # a run it cannot resume fails before any cluster starts
+        _check_resume(args.store, config, resolved)
     early: EarlyCluster | None = None
     if _embedded(args) and deployment(args, workers=config.num_workers) is None:
         # Input checked (the policy's factory aside): the embedded cluster's workers start
@@ -258,6 +264,23 @@ def _note_resume(store: str, resumed: Any, run: int) -> None:
     left = "until interrupted" if resumed.frames_left is None else f"{resumed.frames_left} more"
     print(f"daskrl: note: resuming run {resumed.run} of the store {store!r} as run {run}: "
           f"{resumed.frames} frames committed, collecting {left}.", file=sys.stderr)
+
+
+def _check_resume(store: str, config: CollectorConfig, resolved: Resolved) -> None:
+    """Raise what ``Collector(resume=...)`` would about the run to resume (not in the store,
+    settings that differ), here, before the embedded cluster starts early. A store that
+    cannot be opened is left to the collector to explain."""
+    from daskrl.collect._env_list import env_labels
+    from daskrl.collect._resume import plan_resume, run_settings
+    from daskrl.errors import StoreError
+    from daskrl.store._store import TrajectoryStore
+
+    try:
+        target = TrajectoryStore(store)
+    except StoreError:
+        return
+    plan_resume(target, config.resume, run_settings(
+        env_labels(resolved.specs), resolved.observation_space, resolved.action_space, config))
 
 
 def _note_earlier_runs(store: str) -> None:
