@@ -167,20 +167,6 @@ class StreamSet:
             if s.comm is not None:
                 self._send(s, self._weights_message())
 
-    def take_back(self, task: BatchTask) -> None:
-        """Forget ``task`` (its stream may still run it: its handle is then ignored)."""
-        s = self.streams[task.stream]
-        s.sent.pop(task.batch_id, None)
-        if task in s.held:
-            s.held.remove(task)
-
-    def outstanding(self) -> list[BatchTask]:
-        """Batches given and not answered yet."""
-        return [t for s in self.streams for t in (*s.sent.values(), *s.held)]
-
-    def worker_of(self, stream: int) -> str:
-        return self.streams[stream].worker
-
     def _weights_message(self) -> dict[str, Any]:
         assert self.newest is not None
         return {"op": "weights", "version": self.newest[0], "weights": to_serialize(self.newest[1])}
@@ -255,24 +241,29 @@ class StreamSet:
         s.comm, s.writing = None, False
         s.outbox.clear()
         live = self.workers.live
-        s.worker = worker or stream_placement([t.worker for t in self.streams], s.index, live)
+        s.worker = worker or stream_placement(self._placement(), s.index, live)
         s.moving_to = None
         for task in s.held:
             s.sent[task.batch_id] = task
         s.held.clear()
         s.starts_without_a_batch += 1
         self.restarts += 1
+        if comm is not None:
+            comm.abort()
+        if old is not None:
+            self._background(self.client.cancel([old]))
         if s.starts_without_a_batch > MAX_STARTS_WITHOUT_A_BATCH:
+            s.future = None
             self.inbox.fail(StreamError(
                 f"stream {s.index} was started {MAX_STARTS_WITHOUT_A_BATCH} times in a row "
                 f"without collecting a batch (last: {why}). Check the workers' logs."))
             return
         logger.info("stream %d starts again on %s: %s", s.index, s.worker, why)
-        if comm is not None:
-            comm.abort()
-        if old is not None:
-            self._background(self.client.cancel([old]))
         self._submit(s)
+
+    def _placement(self) -> list[str]:
+        """Each stream's worker, or the one it is moving to."""
+        return [t.moving_to or t.worker for t in self.streams]
 
     async def check(self, live: set[str]) -> None:
         """Start again the streams whose worker left, was cut off or whose task ended; move
@@ -291,8 +282,7 @@ class StreamSet:
                         return
                 self._restart(s, f"its task ended ({fut.status})")
             elif s.moving_to is None and s.comm is not None:
-                placement = [t.worker for t in self.streams]
-                there = stream_placement(placement, s.index, live)
+                there = stream_placement(self._placement(), s.index, live)
                 if there != s.worker:
                     if s.sent:
                         s.moving_to = there
