@@ -92,16 +92,21 @@ def test_async_streams_run_on_the_newest_weights_within_the_credits(client, tmp_
     check_counting_store(url, 13, 76)
 
 
+def _slow_collector(client, url: str, batches: int, sync: bool, **options) -> daskrl.Collector:
+    """``batches`` batches of 40 frames (2 envs of a slightly slow counting env): long enough
+    for a fault to land mid-collection."""
+    return daskrl.Collector(functools.partial(SlowEnv, 0.002), TagPolicy(), url, client=client,
+                            envs_per_worker=2, frames_per_batch=40, total_frames=40 * batches,
+                            sync=sync, **options)
+
+
 @pytest.mark.faults
 @pytest.mark.parametrize("sync", [True, False])
 def test_worker_killed_mid_stream_costs_a_retry_only(tmp_path, sync):
     with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
         url = str(tmp_path / "s")
-        env = functools.partial(SlowEnv, 0.002)
         handles = []
-        with daskrl.Collector(env, TagPolicy(), url, client=client, envs_per_worker=2,
-                              frames_per_batch=40, total_frames=40 * 20,
-                              sync=sync) as collector:
+        with _slow_collector(client, url, 20, sync) as collector:
             for handle in collector:
                 handles.append(handle)
                 if len(handles) == 3:
@@ -144,11 +149,8 @@ def test_the_learner_refuses_a_stream_without_the_token_or_of_another_epoch(clie
 def test_a_joining_worker_takes_a_stream_over_and_a_retiring_one_hands_its_over(tmp_path, sync):
     with local_cluster(1) as cluster, Client(cluster, set_as_default=False) as client:
         url = str(tmp_path / "s")
-        env = functools.partial(SlowEnv, 0.002)
         handles = []
-        with daskrl.Collector(env, TagPolicy(), url, client=client, envs_per_worker=2,
-                              frames_per_batch=40, total_frames=40 * 40, num_workers=2,
-                              sync=sync) as collector:
+        with _slow_collector(client, url, 40, sync, num_workers=2) as collector:
             first = client.scheduler_info()["workers"].keys()
             for handle in collector:
                 handles.append(handle)
