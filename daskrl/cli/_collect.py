@@ -268,10 +268,11 @@ def _note_resume(store: str, resumed: Any, run: int) -> None:
 
 def _check_resume(store: str, config: CollectorConfig, resolved: Resolved) -> None:
     """Raise what ``Collector(resume=...)`` would about the run to resume (not in the store,
-    settings that differ), here, before the embedded cluster starts early. A store that
-    cannot be opened is left to the collector to explain."""
+    settings that differ), here, before the embedded cluster starts early (the collector
+    counts its frames and says when there is no run to resume). A store that cannot be
+    opened is left to the collector to explain."""
     from daskrl.collect._env_list import env_labels
-    from daskrl.collect._resume import plan_resume, run_settings
+    from daskrl.collect._resume import find_resume, run_settings
     from daskrl.errors import StoreError
     from daskrl.store._store import TrajectoryStore
 
@@ -279,7 +280,7 @@ def _check_resume(store: str, config: CollectorConfig, resolved: Resolved) -> No
         target = TrajectoryStore(store)
     except StoreError:
         return
-    plan_resume(target, config.resume, run_settings(
+    find_resume(target, config.resume, run_settings(
         env_labels(resolved.specs), resolved.observation_space, resolved.action_space, config))
 
 

@@ -20,7 +20,7 @@ from daskrl.errors import ResumeError, ResumeMismatchError
 from daskrl.store._layout import run_key, run_of
 from daskrl.store._store import TrajectoryStore
 
-__all__ = ["MUST_AGREE", "Resume", "check_settings", "count_frames", "plan_resume",
+__all__ = ["MUST_AGREE", "Resume", "check_settings", "count_frames", "find_resume", "plan_resume",
            "run_settings"]
 
 logger = logging.getLogger(__name__)
@@ -97,11 +97,12 @@ def check_settings(run: int, stored: Mapping[str, Any], settings: Mapping[str, A
             field=key)
 
 
-def plan_resume(store: TrajectoryStore, resume: bool | int,
-                settings: Mapping[str, Any]) -> Resume | None:
-    """The run ``resume`` names in ``store`` (``True``: the latest), its settings checked
-    against this collector's ``settings`` and its chain's committed frames counted; None for
+def find_resume(store: TrajectoryStore, resume: bool | int,
+                settings: Mapping[str, Any]) -> tuple[int, tuple[int, ...]] | None:
+    """The run ``resume`` names in ``store`` (``True``: the latest) and the runs of its chain
+    (``(run, chain)``), its settings checked against this collector's ``settings``; None for
     ``resume=False``, and for ``resume=True`` on a store with no run (a new collection).
+    Nothing is counted or logged: the CLI calls it before any cluster starts.
 
     Raises :class:`ResumeError` for a run that is not in the store, cannot be read, or was
     resumed by another run already; :class:`ResumeMismatchError` for a setting that differs.
@@ -113,7 +114,6 @@ def plan_resume(store: TrajectoryStore, resume: bool | int,
     newest = store.next_run() - 1  # the newest run number listed, readable or not
     if resume is True:
         if newest < 0:
-            logger.warning("store %r holds no run to resume: starting a new collection", url)
             return None
         target = newest
     else:
@@ -144,6 +144,18 @@ def plan_resume(store: TrajectoryStore, resume: bool | int,
                 "are not known. Collect into a new store.")
         chain.append(earlier)
     check_settings(target, runs[target].get("settings", {}), settings, url)
-    chain_runs = tuple(sorted(chain))
-    return Resume(target, chain_runs, count_frames(store, chain_runs),
-                  settings.get("total_frames"))
+    return target, tuple(sorted(chain))
+
+
+def plan_resume(store: TrajectoryStore, resume: bool | int,
+                settings: Mapping[str, Any]) -> Resume | None:
+    """:func:`find_resume`, with the chain's committed frames counted; ``resume=True`` on a
+    store with no run is logged as a new collection."""
+    found = find_resume(store, resume, settings)
+    if found is None:
+        if resume is True:
+            logger.warning("store %r holds no run to resume: starting a new collection",
+                           store.url)
+        return None
+    target, chain = found
+    return Resume(target, chain, count_frames(store, chain), settings.get("total_frames"))
