@@ -301,12 +301,11 @@ def _envpool_factory(env_id: str):
     return envpool.make_gymnasium(env_id, num_envs=ENVS_PER_WORKER, seed=daskrl.env_seed())
 
 
-def daskrl_workload(env_id: str, n: int, vector: bool = False, policy_kind: str = "sampling",
-                    batches_per_task: int = 1) -> tuple[object, torch.nn.Module, dict]:
+def daskrl_workload(env_id: str, n: int, vector: bool = False, policy_kind: str = "sampling"
+                    ) -> tuple[object, torch.nn.Module, dict]:
     """``(env, policy, Collector keywords)`` of a workload. ``vector``: ``env_id`` as a
     vector env (:func:`make_vector_env`)."""
-    kw = dict(envs_per_worker=ENVS_PER_WORKER, frames_per_batch=FRAMES_PER_BATCH, num_workers=n,
-              batches_per_task=batches_per_task)
+    kw = dict(envs_per_worker=ENVS_PER_WORKER, frames_per_batch=FRAMES_PER_BATCH, num_workers=n)
     env: object = env_id
     if vector:
         probe = make_vector_env(env_id)
@@ -329,7 +328,7 @@ def run_daskrl(client: Client, workload: tuple[object, torch.nn.Module, dict], u
     """One collector run of ``batches`` batches per worker into a new store at ``url``,
     timed from just before iterating to the last handle (``batches=2``: a warm-up)."""
     env, policy, kw = workload
-    n, per_task = kw["num_workers"], kw["batches_per_task"]
+    n = kw["num_workers"]
     collector = Collector(env, policy, url, client=client, sync=sync,
                           total_frames=batches * n * FRAMES_PER_BATCH, **kw)
     arrivals: dict[str, list[float]] = {}  # worker -> when the learner got each of its handles
@@ -359,14 +358,12 @@ def run_daskrl(client: Client, workload: tuple[object, torch.nn.Module, dict], u
         "episodes_per_kframe": 1000 * sum(len(h.episode_lengths) for h in handles) / frames,
         # per worker, its quickest batches as the learner got them (its first from the start):
         # a batch's whole cost, pipeline included, when the machine did not slow it
-        # (a task's handles arrive together: the window spans QUICKEST_WINDOW tasks)
-        "quickest_s": sorted(quickest_batch(a, QUICKEST_WINDOW * per_task)
+        "quickest_s": sorted(quickest_batch(a, QUICKEST_WINDOW)
                              for a in arrivals.values()),
-        # each worker's handles after its first task's, over the time since (summed): a long
-        # run's rate, without the first task's latency (start-up is bench_startup's)
-        # (none with a single task per worker: its handles arrive together)
-        "steady_fps": (sum(FRAMES_PER_BATCH / steady_batch(a, per_task) for a in arrivals.values())
-                       if all(len(a) - 1 > per_task for a in arrivals.values()) else math.nan),
+        # each worker's handles after its first, over the time since (summed): a long run's
+        # rate, without the first batch's latency (start-up is bench_startup's)
+        "steady_fps": (sum(FRAMES_PER_BATCH / steady_batch(a, 1) for a in arrivals.values())
+                       if all(len(a) - 1 > 1 for a in arrivals.values()) else math.nan),
     }
 
 
@@ -425,9 +422,6 @@ def main() -> None:
                              "back to back; the tables give the median ratio and its range")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                         help="MLPPolicy's sampling policy, and/or its greedy (argmax) network")
-    parser.add_argument("--batches-per-task", type=int, default=1,
-                        help="daskrl's batches_per_task (the worker's Dask messages, which "
-                             "take ~3.5 ms of its event loop per task, paid once per k batches)")
     parser.add_argument("--skip-no-tls", action="store_true",
                         help="no sync runs on a cluster without TLS (the price of TLS)")
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
@@ -435,8 +429,7 @@ def main() -> None:
     steps = args.batches_per_worker * FRAMES_PER_BATCH // ENVS_PER_WORKER
 
     print(f"cpu count: {os.cpu_count()}; {ENVS_PER_WORKER} envs/worker, "
-          f"{args.batches_per_worker} x {FRAMES_PER_BATCH} frames/worker, MLP {HIDDEN}, "
-          f"batches_per_task={args.batches_per_task}")
+          f"{args.batches_per_worker} x {FRAMES_PER_BATCH} frames/worker, MLP {HIDDEN}")
     vector_envs = ([] if args.vector_envs == ["none"] else args.vector_envs
                    or default_vector_envs())
     results, vector_results = [], []
@@ -448,11 +441,8 @@ def main() -> None:
         runs: dict[tuple[str, str], dict[str, list[dict]]] = {
             w: {"sync": [], "async": [], "sync_no_tls": []} for w in workloads}
         vector_runs: dict[str, list[dict]] = {e: [] for e in vector_envs}
-        k = args.batches_per_task
-        setups = {w: daskrl_workload(w[0], n, policy_kind=w[1], batches_per_task=k)
-                  for w in workloads}
-        vector_setups = {e: daskrl_workload(e, n, vector=True, batches_per_task=k)
-                         for e in vector_envs}
+        setups = {w: daskrl_workload(w[0], n, policy_kind=w[1]) for w in workloads}
+        vector_setups = {e: daskrl_workload(e, n, vector=True) for e in vector_envs}
         # The embedded cluster's default is TLS; the same runs without it price the encryption.
         for tls in (True,) if args.skip_no_tls else (True, False):
             with local_cluster(n, tls=tls) as cluster, Client(cluster) as client, \
@@ -543,7 +533,6 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu_count": os.cpu_count(), "batches_per_worker": args.batches_per_worker,
-                       "batches_per_task": args.batches_per_task,
                        "repeats": args.repeats, "results": results,
                        "vector_results": vector_results}, f, indent=2)
 

@@ -17,7 +17,7 @@ The cluster is started the way users start one on many machines (``tests/cli_clu
   above are per batch, not per second).
 
 For each N in ``--workers``: ``daskrl.Collector`` collects CartPole-v1 (``--envs-per-worker``,
-``--frames-per-batch``, ``--batches-per-task``, ``MLPPolicy(64, 64)``), sync or async (``--modes``), after an untimed
+``--frames-per-batch``, ``MLPPolicy(64, 64)``), sync or async (``--modes``), after an untimed
 warm-up run; ``--batches-per-worker`` batches per worker, at least ``--min-batches`` in all.
 Both CPU figures are divided by the batches handed over. Then, on the same cluster, for each
 policy size in ``--weights-mib``: ``--versions`` weights versions published with
@@ -163,8 +163,6 @@ def collect_run(client: Client, sched: SchedulerMeter, store: str, n: int, batch
     probe.close()
     kw = dict(envs_per_worker=args.envs_per_worker, frames_per_batch=args.frames_per_batch,
               num_workers=n, sync=sync)
-    if args.batches_per_task != 1:
-        kw["batches_per_task"] = args.batches_per_task
     with Collector(ENV, policy, store + "-warm", client=client,
                    total_frames=n * args.frames_per_batch, **kw) as warm:
         for _ in warm:
@@ -182,7 +180,6 @@ def collect_run(client: Client, sched: SchedulerMeter, store: str, n: int, batch
     ops = {k: (v - ops0.get(k, 0)) / handles for k, v in sched.ops.items()
            if v - ops0.get(k, 0) > 0}
     return {"workers": n, "mode": "sync" if sync else "async", "batches": handles,
-            "batches_per_task": args.batches_per_task,
             "wall_s": wall, "batches_per_s": handles / wall,
             "scheduler_idle_cpu_per_s": idle,
             "scheduler_cpu_ms_per_batch": 1e3 * (s1 - s0) / handles,
@@ -247,8 +244,6 @@ def main() -> None:
     parser.add_argument("--frames-per-batch", type=int, default=4096)
     parser.add_argument("--batches-per-worker", type=int, default=4)
     parser.add_argument("--min-batches", type=int, default=32)
-    parser.add_argument("--batches-per-task", type=int, default=1,
-                        help="the collector's batches_per_task (batches one Dask task collects)")
     parser.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync", "async"])
     parser.add_argument("--weights-mib", nargs="*", type=float, default=[1, 100])
     parser.add_argument("--versions", type=int, default=3)
@@ -262,7 +257,6 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"cpu count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}; {ENV}, "
           f"{args.envs_per_worker} envs/worker, {args.frames_per_batch} frames/batch, "
-          f"{args.batches_per_task} batches/task, "
           f"MLP {HIDDEN}; scheduler and workers are CLI processes, learner is this one",
           flush=True)
     collect: list[dict] = []

@@ -18,7 +18,8 @@ from daskrl.worker._envs import check_env_vars
 from daskrl.worker._infos import check_info_keys
 from daskrl.worker._wrappers import WrapperSpec, parse_wrappers
 
-__all__ = ["CollectorConfig", "CollectorOptions", "Compression", "check_seconds"]
+__all__ = ["REMOVED_OPTIONS", "CollectorConfig", "CollectorOptions", "Compression",
+           "check_option_names", "check_seconds"]
 
 MAX_FRAMES_PER_BATCH = 1 << 24
 """Frames of one batch must stay below this (batch data is indexed with 24 bits)."""
@@ -189,15 +190,6 @@ class CollectorConfig:
         "flag": "by hand"})
     """With :attr:`vectorization_mode`: ``gymnasium.make_vec``'s ``vector_kwargs``, e.g.
     ``{"autoreset_mode": "SameStep"}`` or ``{"context": "spawn"}``."""
-    batches_per_task: int = dataclasses.field(default=1, metadata={
-        "help": "consecutive batches of one stream collected by one Dask task and handed over "
-                "together (fewer scheduler round trips per batch)"})
-    """Consecutive batches of one stream that one Dask task collects (each its own batch,
-    committed separately, all on one weights version) and returns together; the learner still
-    gets them one by one. ``k > 1`` divides the scheduler's and the learner's per-task costs by
-    ``k`` (``docs/scaling.md``) at the price of ``k`` batches' latency per task. Sync mode: a
-    round is ``k`` batches per stream. Not with :meth:`~daskrl.Collector.submit`."""
-
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
         _positive_int("frames_per_batch", self.frames_per_batch)
@@ -209,7 +201,6 @@ class CollectorConfig:
         _positive_int("init_random_frames", self.init_random_frames, minimum=0)
         _positive_int("num_workers", self.num_workers, allow_none=True)
         _positive_int("batches_in_flight", self.batches_in_flight)
-        _positive_int("batches_per_task", self.batches_per_task)
         _positive_int("max_env_restarts", self.max_env_restarts, minimum=0)
         check_seconds("batch_timeout", self.batch_timeout, allow_none=True)
         if self.on_env_error not in ("raise", "restart"):
@@ -360,4 +351,26 @@ class CollectorOptions(TypedDict, total=False):
     info_keys: Sequence[str]
     vectorization_mode: str | None
     vector_kwargs: Mapping[str, Any] | None
-    batches_per_task: int
+
+
+REMOVED_OPTIONS: dict[str, str] = {
+    "batches_per_task": "each stream is one long-lived task that collects batch after batch, so "
+                        "there is no per-task cost left to spread over several batches: drop the "
+                        "option (docs/collecting.md, \"Streams\")",
+}
+"""Options of earlier daskrl versions, and why they are gone."""
+
+
+def check_option_names(options: Mapping[str, Any]) -> None:
+    """Refuse a removed option, or a name that is not an option, with what to do instead."""
+    import difflib
+
+    names = [f.name for f in dataclasses.fields(CollectorConfig)]
+    for name in options:
+        if name in REMOVED_OPTIONS:
+            raise ConfigError(f"{name} is no longer an option: {REMOVED_OPTIONS[name]}.")
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{name!r} is not a Collector option.{hint} The options are "
+                              "CollectorConfig's fields (docs/collecting.md).")

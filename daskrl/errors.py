@@ -37,6 +37,7 @@ __all__ = [
     "StoreOptionsRequiredError",
     "StoreRecordWarning",
     "StoreURLError",
+    "StreamError",
     "UnsupportedDtypeError",
     "UsageError",
     "VersionMismatchError",
@@ -124,6 +125,11 @@ class CollectorClosedError(DaskrlError, RuntimeError):
 class ClusterError(DaskrlError, ConnectionError):
     """The cluster cannot be reached or started: nothing listens at the scheduler's address, the
     connection or TLS handshake failed, or the cluster has had no workers for too long."""
+
+
+class StreamError(ClusterError):
+    """A stream's worker cannot reach the learner's listener, or a stream keeps failing to
+    start; the message says which worker and what to check."""
 
 
 class MissingDependencyError(DaskrlError, ImportError):

@@ -1,29 +1,34 @@
-"""A scheduler plugin for fault tests: SIGKILL a worker at a chosen moment of a batch."""
+"""A worker plugin for fault tests: SIGKILL a worker at a chosen moment of a batch."""
 
 from __future__ import annotations
 
 import os
 import signal
 
-from distributed import SchedulerPlugin
+from distributed import WorkerPlugin
 
 
-class KillOnResult(SchedulerPlugin):
-    """SIGKILLs the worker the moment the scheduler learns it finished the task whose (first)
-    batch is ``batch_id``: its batches are committed, their handles not yet with the learner.
-    The worker's nanny is told not to start a replacement (a machine that does not return)."""
+class KillAfterCommit(WorkerPlugin):
+    """SIGKILLs its worker's process right after the worker commits batch ``batch_id``, once
+    (the file ``flag`` says it happened, and holds the worker's address): the batch is in the
+    store, its handle never leaves the worker. (A nanny starts a new worker process, at a new
+    address.)"""
 
-    def __init__(self, cluster, batch_id: int) -> None:
-        self.cluster, self.suffix, self.killed = cluster, f"-{batch_id}", None
+    def __init__(self, batch_id: int, flag: str) -> None:
+        self.batch_id, self.flag = batch_id, flag
 
-    def transition(self, key, start, finish, *args, **kwargs):
-        if (self.killed is None and finish == "memory" and str(key).startswith("daskrl-collect-")
-                and str(key).endswith(self.suffix)):
-            from distributed.core import Status
+    def setup(self, worker) -> None:
+        from daskrl.store._store import TrajectoryStore
 
-            address = kwargs["worker"]
-            for nanny in self.cluster.workers.values():
-                if nanny.worker_address == address:
-                    nanny.status = Status.closing_gracefully  # close, do not restart
-            os.kill(self.cluster.scheduler.workers[address].pid, signal.SIGKILL)
-            self.killed = address
+        original = TrajectoryStore.write_batch
+        batch_id, flag = self.batch_id, self.flag
+
+        def write_batch(store, bid, *args, **kwargs):
+            result = original(store, bid, *args, **kwargs)
+            if bid == batch_id and result[1] and not os.path.exists(flag):
+                with open(flag, "w") as f:
+                    f.write(worker.address)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+
+        TrajectoryStore.write_batch = write_batch  # in this worker's process only

@@ -133,6 +133,7 @@ def test_off_nothing_listens_and_no_link_is_advertised(tmp_path):
             found = _listening(os.getpid()) - before
             comm = {int(info["address"].rsplit(":", 1)[1])} | {
                 int(w["nanny"].rsplit(":", 1)[1]) for w in info["workers"].values()}
+            comm.add(int(collector.learner_address.rsplit(":", 1)[1]))  # the streams' listener
             assert {port for _, port in found} == comm  # the comm ports only: no HTTP server
     with pytest.raises(daskrl.UsageError, match="dashboard= configures the embedded cluster"):
         daskrl.Collector("CartPole-v1", ConstantPolicy(0), str(tmp_path / "t"),

@@ -10,35 +10,18 @@ import signal
 import threading
 import time
 
-import numpy as np
 import pytest
+from counting_stores import check_counting_store
 from distributed import Client
-from scheduler_kills import KillOnResult
+from scheduler_kills import KillAfterCommit
 
 import daskrl
 from daskrl import BatchTimeoutError, EnvError
 from daskrl.deploy import local_cluster
 from daskrl.errors import ClusterError
-from daskrl.testing import FaultyEnv, SlowEnv, TagPolicy, check_episode_continuity
+from daskrl.testing import FaultyEnv, SlowEnv, TagPolicy
 
 pytestmark = pytest.mark.faults
-
-
-def _check_store(url: str, n_batches: int, frames: int) -> None:
-    """Exactly the expected batches, each once; every transition real; episodes consistent."""
-    store = daskrl.open_store(url)
-    assert store.batch_ids() == list(range(n_batches))
-    assert store.frames == frames
-    seen: dict[int, set[int]] = {}
-    for bid in store.batch_ids():
-        b = store.load(bid)
-        obs, nxt = b["observation"].numpy(), b["next_observation"].numpy()
-        assert np.array_equal(nxt, obs + np.array([0, 1]))  # CountingEnv: only real transitions
-        for eid, step in zip(b["episode_id"].numpy().ravel(), b["step"].numpy().ravel()):
-            steps = seen.setdefault(int(eid), set())
-            assert int(step) not in steps, (eid, step)  # no transition stored twice
-            steps.add(int(step))
-    check_episode_continuity(store)  # every episode starts at step 0 and runs on unbroken
 
 
 CLIENTS = ["sync-client", "async-client"]
@@ -102,27 +85,31 @@ def test_worker_lost_mid_batch_costs_a_retry_only(own_cluster, tmp_path, how, ki
                        frames_per_batch=80, total_frames=80 * 24)
     assert sorted(h.batch_id for h in handles) == list(range(24))
     assert sum(h.frames for h in handles) == 80 * 24
-    _check_store(url, 24, 80 * 24)
+    check_counting_store(url, 24, 80 * 24)
 
 
-def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_path):
-    # One stream on two workers. The stream's worker dies right after committing batch 1:
-    # Dask runs batch 1 again on the other worker (with envs of its own), whose write finds
-    # the commit and keeps the original. The stream's next batches run there too, and must
-    # not continue the episodes of that discarded re-run.
+@pytest.mark.parametrize("sync", [True, False])
+def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_path, sync):
+    # One stream on two workers. The stream's worker dies right after committing batch 1,
+    # before its handle leaves: the stream starts again on the other worker (with envs of its
+    # own) and is sent batch 1 again, whose write finds the commit and hands back the
+    # original. The stream's next batches must not continue the episodes of that discarded
+    # re-run; nothing is committed or handed over twice.
+    flag = tmp_path / "killed"
     with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
-        killer = KillOnResult(cluster, 1)
-        cluster.scheduler.add_plugin(killer, name="kill-on-result")
+        client.register_plugin(KillAfterCommit(1, str(flag)), name="kill-after-commit")
         url = str(tmp_path / "s")
         env = functools.partial(SlowEnv, 0.001, 7)
         with daskrl.Collector(env, TagPolicy(), url, client=client, envs_per_worker=2,
-                              frames_per_batch=20, total_frames=100, num_workers=1) as c:
+                              frames_per_batch=20, total_frames=100, num_workers=1,
+                              sync=sync) as c:
             handles = list(c)
-        assert killer.killed is not None
-        assert [h.batch_id for h in handles] == [0, 1, 2, 3, 4]
-        assert handles[1].worker == killer.killed  # the original attempt was kept
-        assert {h.worker for h in handles[2:]} != {killer.killed}
-    _check_store(url, 5, 100)
+        killed = flag.read_text()
+        assert sorted(h.batch_id for h in handles) == [0, 1, 2, 3, 4]
+        by_id = {h.batch_id: h for h in handles}
+        assert by_id[1].worker == killed  # the original attempt was kept
+        assert {by_id[b].worker for b in (2, 3, 4)} != {killed}
+    check_counting_store(url, 5, 100)
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
@@ -199,7 +186,7 @@ def test_restart_on_env_error_carries_on_and_counts(client, tmp_path):
         handles = list(c)
     assert sum(h.frames for h in handles) == 200
     assert sum(h.env_restarts for h in handles) >= 1
-    _check_store(str(tmp_path / "s"), 10, 200)
+    check_counting_store(str(tmp_path / "s"), 10, 200)
 
 
 def test_batch_deadline_stops_a_slow_env(client, tmp_path):

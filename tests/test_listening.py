@@ -88,7 +88,10 @@ def test_collectors_own_cluster_serves_no_http(tmp_path):
                           envs_per_worker=2, frames_per_batch=16, total_frames=64) as collector:
         for _ in collector:
             s = _cluster_sockets(collector.client, before)
-            assert {port for _, port in s["found"]} == s["comm"]
+            # the cluster's comm ports, and the learner's listener for its streams (TLS too)
+            assert collector.learner_address.startswith("tls://127.0.0.1:")
+            assert {port for _, port in s["found"]} == s["comm"] | {
+                _port(collector.learner_address)}
             assert s["scheme"] == {"tls"}
             assert all(_http_status(ip, port) is None for ip, port in s["found"])
     assert daskrl.open_store(str(tmp_path / "s")).frames == 64

@@ -1,4 +1,4 @@
-"""Sync rounds submitted ahead: the round after the current one runs behind it on each worker
+"""Sync rounds given ahead: the round after the current one runs behind it on each worker
 while the learner does not publish; a publish takes it back, and every round still runs on
 the weights version that is newest when the learner asks for its first batch."""
 
@@ -29,8 +29,8 @@ def test_without_publishes_the_next_round_is_in_flight_with_this_one(client, tmp
             assert collector.in_flight == (1 if i % 2 == 0 else 0), i
             if i in (2, 4, 6):  # the first batch of rounds 1, 2, 3 (2 streams)
                 # this round's other batch and the next round's two are in flight
-                waiting = len(run.supervisor.pending) + len(run._done)  # running or fetched
-                assert waiting == 3, (i, run.supervisor.pending, run._done)
+                waiting = len(run._given)  # given to the streams: running or arrived
+                assert waiting == 3, (i, run._given, run._done)
         assert run.rounds_ahead_dropped == 0
     assert [h.batch_id for h in handles] == list(range(12))  # each batch once, in order
     assert sum(h.frames for h in handles) == 240
@@ -46,7 +46,7 @@ def test_a_learner_that_publishes_every_round_gets_no_round_ahead(client, tmp_pa
         run = collector._running()
         for i, handle in enumerate(collector):
             assert handle.weights_version == i // 2
-            assert len(run.supervisor.pending) + len(run._done) == (1 if i % 2 == 0 else 0)
+            assert len(run._given) == (1 if i % 2 == 0 else 0)
             if i % 2 == 1:
                 with torch.no_grad():
                     policy.tag.fill_(collector.weights_version + 1)

@@ -10,6 +10,7 @@ import functools
 import glob
 import itertools
 import os
+import re
 
 import pytest
 import zarr
@@ -17,12 +18,13 @@ from conftest import gen_cluster
 
 import daskrl
 from daskrl.config import CollectorConfig
-from daskrl.errors import CollectorClosedError, EnvError, WeightsUnavailableError
+from daskrl.errors import CollectorClosedError, EnvError, StreamError, WeightsUnavailableError
 from daskrl.testing import CountingEnv, TagPolicy, check_episode_continuity
 from daskrl.weights import policy_spec, snapshot, weights_layout
 from daskrl.weights._segments import SegmentPool, shared_memory_dir
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._plugin import CollectorPlugin
+from daskrl.worker._stream import StreamSpec, run_stream
 from daskrl.worker._tasks import BatchTask, collect_batch
 from daskrl.worker._weights_cache import weights_name
 
@@ -191,3 +193,21 @@ async def test_weights_no_longer_published_and_a_missing_plugin_are_named(c, s, 
         await c.unregister_worker_plugin(plugin.name)
     with pytest.raises(CollectorClosedError, match="has no daskrl plugin"):
         await c.submit(collect_batch, plugin.name, _task(0, 0, "k"), pure=False)
+
+
+@pytest.mark.timeout(60)
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], timeout=50)
+async def test_a_stream_that_cannot_reach_its_learner_says_where_it_tried(c, s, a, store):
+    import socket
+
+    plugin = _plugin(store)
+    await c.register_plugin(plugin, name=plugin.name)
+    with socket.socket() as sock:  # a port of this host that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    learner = f"tcp://127.0.0.1:{port}"
+    spec = StreamSpec(stream=0, epoch=0, learner=learner, token="t", connect_timeout=1.0)
+    with pytest.raises(StreamError, match=re.escape(
+            f"worker {a.address} cannot reach the learner at {learner}: ")) as e:
+        await c.submit(run_stream, plugin.name, spec, pure=False)
+    assert "daskrl.learner.host" in str(e.value)  # what to set where workers see it elsewhere

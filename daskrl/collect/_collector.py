@@ -1,7 +1,8 @@
 """The learner's facade: :class:`Collector` starts a collection, drives it, and closes it.
 
 The parts behind it: ``_startup`` (plugin, checks, store probe, version 0, run number),
-``_planner`` (budget, streams, ids), ``_supervisor`` (live workers, deadlines, re-dispatch),
+``_planner`` (budget, streams, ids), ``_streams`` and ``_channel`` (one long-lived task per
+stream, handles straight to the learner), ``_supervisor`` (live workers, deadlines),
 ``_handover`` (policy-lag rule, statistics), ``_run`` (one started collection), ``_metrics``
 (what the loggers get, once per handle handed over) and :mod:`daskrl.weights._publish`. Each
 cluster operation is one coroutine, run by the client's own sync machinery (``client.sync``)
@@ -33,9 +34,9 @@ from daskrl.collect._metrics import MetricsFeed
 from daskrl.collect._resume import Resume, plan_resume, run_settings
 from daskrl.collect._run import Run
 from daskrl.collect._startup import start_on_cluster
-from daskrl.config import CollectorConfig, CollectorOptions
+from daskrl.config import CollectorConfig, CollectorOptions, check_option_names
 from daskrl.deploy._cluster import check_main_importable, dashboard_link, local_cluster
-from daskrl.errors import CollectorClosedError, ConfigError, UsageError
+from daskrl.errors import CollectorClosedError, UsageError
 from daskrl.loggers._protocol import LoggerLike
 from daskrl.store._handles import BatchHandle
 from daskrl.store._store import TrajectoryStore
@@ -118,6 +119,7 @@ class Collector:
         processes = not str(store).startswith("memory://")
         if client is None and processes:
             check_main_importable()
+        check_option_names(options)
         base = field_values(config) if config is not None else {}
         merged = {**base, **cast(dict[str, Any], options)}
         given = "envs_per_worker" in options or (config is not None and config.envs_per_worker
@@ -253,6 +255,12 @@ class Collector:
         return self._weights.transport
 
     @property
+    def learner_address(self) -> str:
+        """The address the collection's streams connect to, to send their handles (the
+        learner's listener: ``docs/collecting.md``, "Streams"); the workers must reach it."""
+        return self._running().streams.address
+
+    @property
     def num_streams(self) -> int:
         """Env streams collected in parallel (``num_workers``, or the cluster's workers)."""
         return self._running().num_streams
@@ -286,18 +294,13 @@ class Collector:
         collected again. The caller owns the future: it is not re-dispatched.
         """
         run = self._running()
-        if self.config.batches_per_task > 1:
-            raise ConfigError(
-                f"submit() hands over one batch per future, but batches_per_task="
-                f"{self.config.batches_per_task} collects several per task: iterate the "
-                "collector (for handle in collector) or use batches_per_task=1 with submit().")
         plan = run.planner.next()
         if plan is None:
             raise CollectorClosedError(
                 f"total_frames={self.config.total_frames} are all submitted; no batch is left.")
         if self._asynchronous:  # lost weights are scattered again by the next supervised wait
-            return run.submit_now(plan, supervised=False)
-        return cast(Future, self.client.sync(run.submit, plan, False))
+            return run.submit_now(plan)
+        return cast(Future, self.client.sync(run.submit, plan))
 
     def hand_over(self, handle: BatchHandle | Future) -> BatchHandle:
         """Take over the handle of a batch from :meth:`submit`; return it with its policy lag.
@@ -332,12 +335,7 @@ class Collector:
         return self._iterate(run)
 
     def _iterate(self, run: Run) -> Iterator[BatchHandle]:
-        while True:
-            handle = run.next_fetched()
-            if handle is None:
-                handle = self.client.sync(run.next_handle)
-                if handle is None:
-                    return
+        while (handle := self.client.sync(run.next_handle)) is not None:
             yield self._log(run, handle)
 
     def __aiter__(self) -> AsyncIterator[BatchHandle]:
@@ -394,7 +392,7 @@ class Collector:
         self.state = State.CLOSING
         try:
             if self._run is not None:
-                await self._run.supervisor.cancel_all()
+                await self._run.close()
             await release(self.client, self._plugin_name, self._weights,
                            self.config.call_timeout)
         finally:

@@ -3,7 +3,7 @@
 Pure bookkeeping, no Dask: :class:`Planner` hands out :class:`PlannedBatch` records in order
 (the frame budget of ``total_frames``, one id per batch from the run's id range, each stream's
 previous batch so its envs continue from there) and takes back the frames of batches that must
-be collected again (dropped as too stale). The collector turns a plan into a Dask task.
+be collected again (dropped as too stale). The run gives each plan to its stream.
 """
 
 from __future__ import annotations
@@ -106,22 +106,10 @@ class Planner:
         return plan
 
     def round(self) -> list[PlannedBatch]:
-        """``sync=True``: ``batches_per_task`` batches per stream, in batch-id order (fewer at
-        the end of the budget)."""
-        plans = (self.next(s) for _ in range(self.config.batches_per_task)
-                 for s in range(self.num_streams))
+        """``sync=True``: one batch per stream, in batch-id order (fewer at the end of the
+        budget)."""
+        plans = (self.next(s) for s in range(self.num_streams))
         return [p for p in plans if p is not None]
-
-    def task(self, stream: int) -> list[PlannedBatch]:
-        """``sync=False``: the next task's batches on ``stream``: ``batches_per_task`` of them
-        (fewer at the end of the budget; none when it is spent)."""
-        plans = []
-        for _ in range(self.config.batches_per_task):
-            plan = self.next(stream)
-            if plan is None:
-                break
-            plans.append(plan)
-        return plans
 
     def initial_streams(self) -> list[int]:
         """``sync=False``: the streams of the first batches, ``batches_in_flight`` each."""

@@ -1,33 +1,41 @@
-"""One started collection: its plan, supervision, weights and hand-over, as coroutines.
+"""One started collection: its plan, streams, supervision, weights and hand-over.
 
-:class:`Run` is what a :class:`~daskrl.Collector` drives once started: it turns planned
-batches into tasks (with the newest weights), yields finished batches in the order the
+:class:`Run` is what a :class:`~daskrl.Collector` drives once started: it gives planned
+batches to the streams (:class:`~daskrl.collect._streams.StreamSet`, one long-lived task per
+stream that sends each handle straight back), hands the finished batches over in the order the
 ``sync`` option asks for (rounds on one weights version, or first finished first out with
-``batches_in_flight`` per stream), and applies the hand-over rule. Every method that talks to
-the cluster is a coroutine on the client's event loop.
+``batches_in_flight`` credits per stream), applies the hand-over rule, and keeps the
+collection healthy while the learner waits. ``submit()``'s batches are Dask tasks of their
+own, one per batch. Every method that talks to the cluster is a coroutine on the client's
+event loop.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Iterable
 
-from distributed import Client, Future, as_completed
+from distributed import Client, Future
 
 from daskrl.collect._env_list import stream_count
 from daskrl.collect._handover import HandOver
 from daskrl.collect._planner import PlannedBatch, Planner
 from daskrl.collect._resume import Resume
-from daskrl.collect._supervisor import Supervisor, Workers
+from daskrl.collect._streams import Inbox, StreamSet
+from daskrl.collect._supervisor import HEALTH_CHECK_S, Supervisor, Workers
 from daskrl.config import CollectorConfig
-from daskrl.errors import UsageError
+from daskrl.errors import ClusterError, UsageError, WeightsNotSharedError
 from daskrl.store._handles import BatchHandle
 from daskrl.store._store import TrajectoryStore
 from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import WeightsSnapshot
-from daskrl.worker._tasks import BatchGroup, BatchTask
+from daskrl.worker._tasks import BatchTask, with_weights
 
 __all__ = ["Run"]
+
+MAX_WEIGHTS_RETRIES = 3
+"""Times a batch is sent again after its worker could not read the learner's shared memory."""
 
 
 class Run:
@@ -39,6 +47,7 @@ class Run:
                  resume: Resume | None = None, num_envs: int = 1) -> None:
         num_streams = stream_count(config.num_workers, len(workers.live), num_envs)
         live = sorted(workers.live)
+        placement = [live[s % len(live)] for s in range(num_streams)]
         self.config = config
         self.workers = workers
         self.weights = weights
@@ -47,42 +56,56 @@ class Run:
         self.planner = Planner(config, first_id, num_streams,
                                resume.frames if resume is not None else 0, num_envs=num_envs)
         self.handover = HandOver(config.max_policy_lag, store)
-        self.supervisor = Supervisor(
-            client, plugin_name, key_prefix, workers, weights,
-            [live[s % len(live)] for s in range(num_streams)], config.lost_workers_timeout)
+        self.supervisor = Supervisor(client, plugin_name, key_prefix, workers, weights,
+                                     list(placement))
+        self.inbox = Inbox()
+        self.streams = StreamSet(client, plugin_name, key_prefix, workers, placement,
+                                 self.inbox)
+        self._given: dict[int, BatchTask] = {}  # given to the streams, not handed over
+        self._retries: collections.Counter[int] = collections.Counter()
         self._order: list[int] = []  # sync rounds: batch ids of the round left to hand over
-        self._done: dict[int, BatchHandle] = {}  # sync rounds: fetched, not yet handed over
+        self._done: dict[int, BatchHandle] = {}  # sync rounds: arrived, not yet handed over
         self._ready: collections.deque[BatchHandle] = collections.deque()  # likewise, async
-        self._ac: as_completed | None = None
-        self._refill: list[int] | None = None  # sync=False: streams to submit a task for
-        # sync rounds ahead (see _start_round): the round after the current one, submitted
-        # with it, and the rounds of versions the learner has let run
+        self._refill: list[int] | None = None  # sync=False: streams to give a batch
+        self._checked = 0.0
+        self._no_workers_since: float | None = None
+        # sync rounds ahead (see _start_round): the round after the current one, given with
+        # it, and the rounds of versions the learner has let run
         self._ahead: list[PlannedBatch] = []
         self._ahead_version: int | None = None
-        self._stale: set[int] = set()  # batch ids of rounds taken back, not yet fetched
+        self._stale: set[int] = set()  # batch ids of rounds taken back, not yet arrived
         self._round_end_version: int | None = None  # the version as the last round ended
         self._round_version: int | None = None  # the version of the last round started
         self._run_length = 0  # rounds started on _round_version
         self._period: int | None = None  # rounds the version before it ran (None: no publish)
         self.rounds_ahead_dropped = 0
-        """Rounds submitted ahead and taken back because the learner published meanwhile."""
+        """Rounds given ahead and taken back because the learner published meanwhile."""
 
     @property
     def num_streams(self) -> int:
         return self.planner.num_streams
 
+    async def start(self) -> None:
+        """Start the streams (after version 0 is published): each connects to the learner;
+        a stream that cannot fails the start with its error."""
+        await self.streams.start()
+        if self.weights.version >= 0:
+            self.streams.announce(self.weights.version, self.weights.ref(self.weights.version))
+        # a stream tries to connect for call_timeout: its error (or its connection) comes
+        # within that and the task's start
+        await self.streams.wait_connected(2 * self.config.call_timeout)
+
     @property
     def in_flight(self) -> int:
-        """Batches submitted and not yet handed over (queued, running, or fetched), less a
-        sync round submitted ahead or taken back: 0 right after a round's last handle."""
+        """Batches given or submitted and not yet handed over (queued, running, or arrived),
+        less a sync round given ahead or taken back: 0 right after a round's last handle."""
         skip = {p.batch_id for p in self._ahead} | self._stale
-        ids = [i for task in self.supervisor.pending.values() for i in task.batch_ids]
-        return (sum(i not in skip for i in ids) + sum(i not in skip for i in self._done)
-                + len(self._ready))
+        return sum(b not in skip for b in self._given) + len(self.supervisor.pending)
 
     def in_use(self) -> Iterable[int]:
         """Weights versions batches in flight still need."""
-        return {t.weights_version for t in self.supervisor.pending.values()}
+        return ({t.weights_version for t in self._given.values()}
+                | {t.weights_version for t in self.supervisor.pending.values()})
 
     def hand_over(self, handle: BatchHandle, future: Future | None = None) -> BatchHandle:
         """Take over a ``submit()`` batch (its handle, and its future if known): its policy lag
@@ -100,49 +123,95 @@ class Run:
         return self.handover.accept(handle, self.weights.version)
 
     async def publish(self, snap: WeightsSnapshot, wait: bool) -> int:
-        return await self.weights.publish(snap, self.workers, self.in_use(), wait)
+        """Publish ``snap`` and tell the streams of it (they use it from their next batch
+        that may: ``sync=False``, or the next round)."""
+        version = await self.weights.publish(snap, self.workers, self.in_use(), wait)
+        if self.streams.address:
+            self.streams.announce(version, self.weights.ref(version))
+        return version
 
-    def submit_now(self, plans: PlannedBatch | list[PlannedBatch], supervised: bool) -> Future:
-        """Submit ``plans`` (one batch, or a list: one task of consecutive batches of one
-        stream, whose future holds their handles) with the newest weights."""
+    def _task(self, plan: PlannedBatch, newest_ok: bool = False) -> BatchTask:
         version = self.weights.version
-        ref = self.weights.ref(version)
-        tasks = [BatchTask(batch_id=p.batch_id, stream=p.stream,
-                           previous_batch_id=p.previous_batch_id, steps=p.steps,
-                           random_steps=p.random_steps, weights_version=version,
-                           weights=ref, env=p.env)
-                 for p in (plans if isinstance(plans, list) else [plans])]
-        if isinstance(plans, list):
-            return self.supervisor.dispatch(BatchGroup(tuple(tasks)), supervised=supervised)
-        return self.supervisor.dispatch(tasks[0], supervised=supervised)
+        return BatchTask(batch_id=plan.batch_id, stream=plan.stream,
+                         previous_batch_id=plan.previous_batch_id, steps=plan.steps,
+                         random_steps=plan.random_steps, weights_version=version,
+                         weights=self.weights.ref(version), env=plan.env, newest_ok=newest_ok)
 
-    async def submit(self, plans: PlannedBatch | list[PlannedBatch],
-                     supervised: bool = True) -> Future:
+    def _give(self, plan: PlannedBatch, newest_ok: bool = False) -> None:
+        task = self._task(plan, newest_ok)
+        self._given[task.batch_id] = task
+        self.streams.give(task)
+
+    def submit_now(self, plan: PlannedBatch) -> Future:
+        """``submit()``: one Dask task for ``plan``, with the newest weights (the caller owns
+        its future)."""
+        return self.supervisor.dispatch(self._task(plan), supervised=False)
+
+    async def submit(self, plan: PlannedBatch) -> Future:
         """:meth:`submit_now`, first scattering the weights again if they were lost."""
         await self.weights.republish_lost(self.workers)
-        return self.submit_now(plans, supervised)
+        return self.submit_now(plan)
 
-    def _task(self, plans: list[PlannedBatch]) -> PlannedBatch | list[PlannedBatch]:
-        """What one task collects: a single batch as today, or a group (batches_per_task>1)."""
-        return plans if self.config.batches_per_task > 1 else plans[0]
+    # -- what the streams send ---------------------------------------------------------------
+    async def _pump(self) -> None:
+        """Wait for what the streams send (up to the health check's period) and file it;
+        keep the collection healthy meanwhile."""
+        await self.inbox.wait(HEALTH_CHECK_S)
+        if self.inbox.error is not None:
+            raise self.inbox.error
+        while self.inbox.items:
+            kind, value, task = self.inbox.items.popleft()
+            if task.batch_id not in self._given:
+                continue
+            if kind == "handle":
+                self._arrived(value)
+            else:
+                await self._failed(value, task)
+        if time.monotonic() - self._checked >= HEALTH_CHECK_S:
+            await self._supervise()
 
-    async def _fetch(self, ac: as_completed) -> BatchTask | BatchGroup:
-        """Wait for the next finished task; keep its handles (the future is let go)."""
-        fut, result = await self.supervisor.next_done(ac)
-        task = self.supervisor.pending.pop(fut)
-        del fut  # hold no future of a fetched batch: Dask would recompute it if lost
-        handles = result if isinstance(result, list) else [result]
-        if self.config.sync:
-            for h in handles:
-                if h is not None and h.batch_id in self._stale:  # of a round taken back
-                    self._stale.discard(h.batch_id)
-                    self.handover.stats.drop(h)
-                elif h is not None:
-                    self._done[h.batch_id] = h
+    def _arrived(self, handle: BatchHandle) -> None:
+        if not self.config.sync:
+            self._ready.append(handle)
+        elif handle.batch_id in self._stale:  # of a round taken back
+            self._stale.discard(handle.batch_id)
+            self._given.pop(handle.batch_id, None)
+            self.handover.stats.drop(handle)
         else:
-            self._ready.extend(h for h in handles if h is not None)
-        return task
+            self._done[handle.batch_id] = handle
 
+    async def _failed(self, error: BaseException, task: BatchTask) -> None:
+        """A batch raised on its worker: raise it here, unless the worker only could not read
+        the learner's shared memory (another machine): then it goes through Dask, again."""
+        if isinstance(error, WeightsNotSharedError) and \
+                self._retries[task.batch_id] < MAX_WEIGHTS_RETRIES:
+            self._retries[task.batch_id] += 1
+            await self.weights.stop_sharing(error, self.workers)
+            again = with_weights(task, self.weights.ref(task.weights_version))
+            self._given[task.batch_id] = again
+            self.streams.give(again)
+            return
+        raise error
+
+    async def _supervise(self) -> None:
+        """Live workers, lost weights, streams to start again, and the deadline of a cluster
+        without workers."""
+        self._checked = time.monotonic()
+        live = await self.workers.check()
+        if live:
+            self._no_workers_since = None
+        elif self._no_workers_since is None:
+            self._no_workers_since = time.monotonic()
+        elif time.monotonic() - self._no_workers_since > self.config.lost_workers_timeout:
+            raise ClusterError(
+                f"the cluster has had no workers for {self.config.lost_workers_timeout:.0f}s "
+                f"({len(self._given)} batches waiting). Start workers or check the "
+                "cluster, then collect again (batches committed so far are in the store).")
+        if live:
+            await self.weights.republish_lost(self.workers)
+            await self.streams.check(live)
+
+    # -- handing over ------------------------------------------------------------------------
     async def next_handle(self) -> BatchHandle | None:
         """The next batch for an iterating learner, handed over; None when all are."""
         while True:
@@ -156,26 +225,10 @@ class Run:
             if taken is not None:
                 return taken
 
-    def next_fetched(self) -> BatchHandle | None:
-        """The next batch, handed over, if it is fetched already and nothing is to be submitted
-        before it; else None (ask :meth:`next_handle`). Not a coroutine: a learner's thread
-        calls it between its calls of :meth:`next_handle`, so that the handles of a task of
-        many batches cost no round trip to the event loop each (~0.2 ms of CPU)."""
-        while True:
-            if self.config.sync:
-                if not self._order or self._order[0] not in self._done:
-                    return None
-                handle = self._done.pop(self._order.pop(0))
-            else:
-                if self._refill or not self._ready:
-                    return None
-                handle = self._ready.popleft()
-            taken = self._take(handle)
-            if taken is not None:
-                return taken
-
     def _take(self, handle: BatchHandle) -> BatchHandle | None:
-        """The hand-over rule for a fetched batch; None if it was dropped as too stale."""
+        """The hand-over rule for an arrived batch; None if it was dropped as too stale."""
+        self._given.pop(handle.batch_id, None)
+        self._retries.pop(handle.batch_id, None)
         taken = self.handover.take(handle, self.weights.version)
         if self.config.sync and not self._order:  # the round's last batch
             self._round_end_version = self.weights.version if taken is not None else None
@@ -184,22 +237,22 @@ class Run:
         return taken
 
     async def _next_in_round(self) -> BatchHandle | None:
-        """``sync=True``: fetched as tasks finish, handed over in batch order."""
-        if not self._order and not await self._start_round():
+        """``sync=True``: handed over in batch order as the round's batches arrive."""
+        if not self._order and not self._start_round():
             return None
-        assert self._ac is not None
         batch_id = self._order.pop(0)
         while batch_id not in self._done:
-            await self._fetch(self._ac)
+            await self._pump()
         return self._done.pop(batch_id)
 
-    async def _start_round(self) -> bool:
-        """Submit the next round with the newest weights; False when the budget is spent.
+    def _start_round(self) -> bool:
+        """Give the streams the next round with the newest weights; False when the budget is
+        spent.
 
         A round runs on the weights version that is newest when the learner asks for its first
         batch. Where the learner is not expected to publish after this round, the round after
-        it is submitted now too, on the same weights, so that each worker starts it as soon as
-        it finishes this one (no round trip to the learner between rounds). When the learner
+        it is given now too, on the same weights, so that each stream starts it as soon as it
+        finishes this one (no round trip to the learner between rounds). When the learner
         asks for that round and the version is still the same, it is used as is; otherwise it
         is taken back: its batches are dropped like batches over ``max_policy_lag``
         (committed, not handed over, counted in ``dropped_stale``, their frames collected again
@@ -227,54 +280,59 @@ class Run:
             self._take_back(plans)
             plans = []
         if not plans:
-            plans = await self._submit_round()
+            plans = self._give_round()
             if not plans:
                 return False
         self._order = [p.batch_id for p in plans]
         if ahead:
-            self._ahead, self._ahead_version = await self._submit_round(), version
+            self._ahead, self._ahead_version = self._give_round(), version
         return True
 
-    async def _submit_round(self) -> list[PlannedBatch]:
-        """Plan and submit a round, one task per stream (none at the end of the budget)."""
+    def _give_round(self) -> list[PlannedBatch]:
+        """Plan a round and give it to the streams, one batch each (none at the end of the
+        budget)."""
         plans = self.planner.round()
-        by_stream: dict[int, list[PlannedBatch]] = {}
-        for p in plans:
-            by_stream.setdefault(p.stream, []).append(p)
-        futures = [await self.submit(self._task(ps)) for ps in by_stream.values()]
-        if self._ac is None:
-            self._ac = self.supervisor.new_as_completed(futures)
-        else:
-            self._ac.update(futures)
+        for plan in plans:
+            self._give(plan)
         return plans
 
     def _take_back(self, plans: list[PlannedBatch]) -> None:
-        """Drop a round submitted ahead as stale and plan its frames again."""
+        """Drop a round given ahead as stale and plan its frames again."""
         for plan in plans:
             self.planner.requeue(plan.frames)
             handle = self._done.pop(plan.batch_id, None)
             if handle is not None:
+                self._given.pop(plan.batch_id, None)
                 self.handover.stats.drop(handle)
             else:
                 self._stale.add(plan.batch_id)
         self.rounds_ahead_dropped += 1
 
     async def _next_first_done(self) -> BatchHandle | None:
-        """``sync=False``: a stream's next task is submitted when the learner comes back for
-        a handle after its last task finished, so it gets the weights published meanwhile; its
-        other tasks in flight keep its worker busy in the meantime."""
-        if self._ac is None:
-            self._ac = self.supervisor.new_as_completed([])
+        """``sync=False``: a stream gets its next batch when the learner comes back for a
+        handle after taking its last one (a credit back); its other batch in flight keeps its
+        worker busy in the meantime."""
+        if self._refill is None:
             self._refill = self.planner.initial_streams()
         while True:
-            for stream in self._refill or ():
-                plans = self.planner.task(stream)
-                if plans:
-                    self._ac.add(await self.submit(self._task(plans)))
+            for stream in self._refill:
+                plan = self.planner.next(stream)
+                if plan is not None:
+                    self._give(plan, newest_ok=True)
             self._refill = []
-            if not self._ready:
-                if self._ac.is_empty():
-                    return None
-                self._refill = [(await self._fetch(self._ac)).stream]
             if self._ready:
-                return self._ready.popleft()
+                handle = self._ready.popleft()
+                self._refill = [self._given[handle.batch_id].stream]
+                return handle
+            if not self._given:
+                return None
+            await self._pump()
+
+    async def close(self) -> None:
+        """Stop the streams and cancel ``submit()``'s batches: nothing is in flight after."""
+        self._given.clear()
+        self._done.clear()
+        self._ready.clear()
+        self._ahead, self._stale = [], set()
+        await self.streams.close()
+        await self.supervisor.cancel_all()

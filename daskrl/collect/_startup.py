@@ -66,6 +66,8 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig,
     # Every worker builds the policy, picks its device and loads version 0 now, so a bad
     # device, policy or weights path fails here rather than in the first batch.
     await run.publish(weights.take_snapshot(module), wait=True)
+    # One long-lived task per stream, each connected to the learner before the first batch.
+    await run.start()
     if resume is not None and resume.complete:
         logger.warning(
             "run %d of store %r has %d frames committed, total_frames=%s: nothing is left to "

@@ -2,10 +2,9 @@
 
 :class:`Workers` knows which workers the collector uses (those the scheduler lists, less those
 cut off: silent for ``call_timeout`` or a call to them timed out) and bounds every call to the
-cluster by ``call_timeout``. :class:`Supervisor` owns the batches in flight: it submits each to
-its stream's worker, and while the learner waits for the next finished batch it scatters lost
-weights again, submits batches stranded on a departed worker elsewhere, and gives up with
-:class:`~daskrl.errors.ClusterError` after ``lost_workers_timeout`` seconds without workers.
+cluster by ``call_timeout``; the run (:mod:`daskrl.collect._run`) asks it every
+``HEALTH_CHECK_S`` while the learner waits, and starts the streams of departed workers again.
+:class:`Supervisor` owns ``submit()``'s batches, one Dask task each.
 
 Everything here is a coroutine on the client's event loop: the collector runs it with the
 client's own sync machinery for synchronous clients, so both kinds get the same supervision.
@@ -22,18 +21,17 @@ from typing import Any, TypeVar
 from distributed import Client, Future, as_completed
 
 from daskrl.collect._planner import stream_placement
-from daskrl.errors import ClusterError, ClusterTimeoutError, InternalError, WeightsNotSharedError
-from daskrl.store._handles import BatchHandle
+from daskrl.errors import ClusterError, ClusterTimeoutError
 from daskrl.weights._publish import WeightsPublisher
-from daskrl.worker._tasks import BatchGroup, BatchTask, collect_batch, collect_batches, with_weights
+from daskrl.worker._tasks import BatchTask, collect_batch
 
-__all__ = ["Supervisor", "Workers", "scheduler"]
+__all__ = ["HEALTH_CHECK_S", "Supervisor", "Workers", "scheduler"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_HEALTH_CHECK_S = 0.25
+HEALTH_CHECK_S = 0.25
 """How often the learner checks the cluster's membership while it waits for a batch."""
 
 _FULL_CHECK_MAX_S = 2.0
@@ -56,7 +54,7 @@ class Workers:
         self.live: set[str] = set(workers)
         self._checked = time.monotonic()
         self._members: set[str] = set(workers)  # the scheduler's workers at the last refresh
-        self.full_check_s = max(_HEALTH_CHECK_S, min(_FULL_CHECK_MAX_S, call_timeout / 8))
+        self.full_check_s = max(HEALTH_CHECK_S, min(_FULL_CHECK_MAX_S, call_timeout / 8))
         """How often :meth:`check` asks for every worker's heartbeat (finding workers cut off
         within ``call_timeout`` plus this)."""
         # Workers cut off from the cluster: worker -> its last heartbeat when dropped (heard
@@ -170,126 +168,35 @@ class Workers:
 
 
 class Supervisor:
-    """The batches in flight: submitted to their stream's worker, kept alive until done."""
+    """``submit()``'s batches: one Dask task each, on its stream's worker (loosely: Dask may
+    run it elsewhere), held until handed over. (An iterated collection's batches go through
+    its streams: :mod:`daskrl.collect._streams`.)"""
 
     def __init__(self, client: Client, plugin_name: str, key_prefix: str, workers: Workers,
-                 weights: WeightsPublisher, stream_workers: list[str],
-                 lost_workers_timeout: float) -> None:
+                 weights: WeightsPublisher, stream_workers: list[str]) -> None:
         self.client = client
         self.plugin_name = plugin_name
         self.key_prefix = key_prefix
         self.workers = workers
         self.weights = weights
         self.stream_workers = stream_workers
-        self.lost_workers_timeout = lost_workers_timeout
-        self.pending: dict[Future, BatchTask | BatchGroup] = {}
+        self.pending: dict[Future, BatchTask] = {}
         """Submitted, not yet handed over."""
-        self.placement: dict[Future, tuple[str, int]] = {}
-        """Batches this supervisor re-dispatches: the worker each is pinned to, its attempt."""
 
-    def dispatch(self, task: BatchTask | BatchGroup, attempt: int = 0,
-                 supervised: bool = True) -> Future:
-        """Submit ``task`` (one batch, or a group: its future holds a list of handles) to its
-        stream's worker (loosely: Dask may run it elsewhere). ``supervised=False``: the caller
-        owns the future (``submit()``); no re-dispatch."""
-        suffix = f"-r{attempt}" if attempt else ""
+    def dispatch(self, task: BatchTask, supervised: bool = False) -> Future:
+        """Submit ``task`` to its stream's worker; the caller owns the future."""
         worker = stream_placement(self.stream_workers, task.stream, self.workers.live)
-        fn = collect_batches if isinstance(task, BatchGroup) else collect_batch
         fut = self.client.submit(
-            fn, self.plugin_name, task,
-            key=f"daskrl-collect-{self.key_prefix}-{task.batch_id}{suffix}",
+            collect_batch, self.plugin_name, task,
+            key=f"daskrl-collect-{self.key_prefix}-{task.batch_id}",
             workers=[worker], allow_other_workers=True, pure=False,
         )
         self.pending[fut] = task
-        if supervised:
-            self.placement[fut] = (worker, attempt)
         return fut
-
-    def new_as_completed(self, futures: list[Future]) -> as_completed:
-        return as_completed(futures, loop=self.client.loop, with_results=True,
-                            raise_errors=False)
-
-    async def next_done(self, ac: as_completed) -> tuple[Future, BatchHandle]:
-        """The next finished batch, keeping the collection healthy meanwhile: lost weights are
-        scattered again, batches stranded on a departed worker are sent elsewhere, and a
-        cluster without workers for ``lost_workers_timeout`` seconds is a ClusterError."""
-        no_workers_since: float | None = None
-        while True:
-            if ac.is_empty():
-                raise InternalError("waiting for a batch with no batch in flight")
-            try:
-                fut, result = await asyncio.wait_for(ac.__anext__(), _HEALTH_CHECK_S)
-            except (TimeoutError, asyncio.TimeoutError):
-                pass
-            else:
-                _, attempt = self.placement.pop(fut, (None, 0))
-                if fut not in self.pending:  # a replaced attempt
-                    continue
-                if fut.status != "finished":
-                    error = _error_of(result)
-                    if isinstance(error, WeightsNotSharedError) and attempt < 3:
-                        # A worker off this machine: weights go through Dask, batch again.
-                        await self.weights.stop_sharing(error, self.workers)
-                        task = self.pending.pop(fut)
-                        task = with_weights(task, self.weights.ref(task.weights_version))
-                        ac.add(self.dispatch(task, attempt + 1))
-                        continue
-                    await fut  # raises the worker's error, with its traceback
-                return fut, result  # still pending until handed over
-            live = await self.workers.check()
-            if live:
-                no_workers_since = None
-            elif no_workers_since is None:
-                no_workers_since = time.monotonic()
-            elif time.monotonic() - no_workers_since > self.lost_workers_timeout:
-                raise ClusterError(
-                    f"the cluster has had no workers for {self.lost_workers_timeout:.0f}s "
-                    f"({len(self.pending)} batches waiting). Start workers or check the "
-                    "cluster, then collect again (batches committed so far are in the store)."
-                )
-            if live:
-                await self.weights.republish_lost(self.workers)
-                await self._redispatch_stranded(ac, live)
-
-    async def _redispatch_stranded(self, ac: as_completed, live: set[str]) -> None:
-        """Resubmit waiting batches pinned to a worker that left. (Dask keeps a task whose
-        loose restriction names a departed worker unrunnable when no worker was alive at that
-        moment, even after new workers join.)"""
-        stranded = [f for f, (w, _) in self.placement.items() if w not in live and not f.done()]
-        running: dict[Any, str] = {}
-        if stranded or self.workers.unresponsive:
-            processing = await self.workers.bounded(
-                "asking the scheduler what runs where", scheduler(self.client).processing())
-            running = {k: w for w, keys in processing.items() for k in keys}
-        # A batch running on a worker that was cut off is collected again elsewhere (if the
-        # worker comes back and commits it too, the store keeps exactly one of the two).
-        stranded += [f for f in self.placement if not f.done() and f not in stranded
-                     and running.get(f.key) in self.workers.unresponsive]
-        replaced = []
-        for fut in stranded:
-            if fut.key in running and running[fut.key] not in self.workers.unresponsive:
-                continue
-            task = self.pending.pop(fut)
-            _, attempt = self.placement.pop(fut)
-            replaced.append(fut)
-            logger.warning("batch %d was waiting for a departed worker; submitting it again",
-                           task.batch_id)
-            ac.add(self.dispatch(task, attempt + 1))
-        if replaced:
-            await self.client.cancel(replaced)
 
     async def cancel_all(self) -> None:
         """Cancel every batch in flight."""
         pending = list(self.pending)
         self.pending.clear()
-        self.placement.clear()
         if pending:
             await self.client.cancel(pending)
-
-
-def _error_of(result: object) -> BaseException | None:
-    """The exception of an errored future as ``as_completed(with_results=True)`` gives it:
-    the exception, or (in this distributed) the ``(type, exception, traceback)`` triple."""
-    if isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], BaseException):
-        return result[1]
-    return result if isinstance(result, BaseException) else None

@@ -1,8 +1,9 @@
 """What the learner asks a worker to do: collect a batch, preload weights, probe the store.
 
-:func:`collect_batch` is the batch task: it readies the policy, runs the stream's envs for
-the batch's steps, writes the batch to the store and returns its :class:`BatchHandle`.  It is
-sent with a small :class:`BatchTask`; the worker's state is the collector's
+:func:`collect_batch` collects one batch: it readies the policy, runs the stream's envs for
+the batch's steps, writes the batch to the store and returns its :class:`BatchHandle`. A
+stream (:mod:`daskrl.worker._stream`) calls it for each batch the learner sends it, and
+``Collector.submit()`` runs it as a Dask task. It takes a small :class:`BatchTask`; the worker's state is the collector's
 :class:`~daskrl.worker._plugin.CollectorPlugin`.
 """
 
@@ -24,8 +25,7 @@ from daskrl.worker._distributed import running_task_cancelled, this_worker
 from daskrl.worker._plugin import CollectorPlugin, collector_plugin
 from daskrl.worker._weights_cache import WeightsRef
 
-__all__ = ["BatchGroup", "BatchTask", "collect_batch", "collect_batches",
-           "preload_shared_weights", "preload_weights", "probe_store", "with_weights"]
+__all__ = ["BatchTask", "collect_batch", "preload_shared_weights", "preload_weights", "probe_store", "with_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,46 +45,12 @@ class BatchTask:
     """Where the weights version is (see :data:`~daskrl.worker._weights_cache.WeightsRef`)."""
     env: int = 0
     """The env index the stream collects (its entry of the collection's envs)."""
-
-    @property
-    def batch_ids(self) -> tuple[int, ...]:
-        """The batches this task collects (one; a :class:`BatchGroup` has several)."""
-        return (self.batch_id,)
+    newest_ok: bool = False
+    """A stream may run it on a newer weights version it was told of (``sync=False``)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchGroup:
-    """Consecutive batches of one stream collected by one task (``batches_per_task``), each
-    continuing the envs of the one before, all on one weights version."""
-
-    tasks: tuple[BatchTask, ...]
-
-    def __post_init__(self) -> None:
-        if not self.tasks or len({(t.stream, t.weights_version) for t in self.tasks}) != 1:
-            raise ValueError("a BatchGroup holds batches of one stream and weights version")
-
-    @property
-    def batch_id(self) -> int:
-        """The first batch's id (it names the task)."""
-        return self.tasks[0].batch_id
-
-    @property
-    def stream(self) -> int:
-        return self.tasks[0].stream
-
-    @property
-    def weights_version(self) -> int:
-        return self.tasks[0].weights_version
-
-    @property
-    def batch_ids(self) -> tuple[int, ...]:
-        return tuple(t.batch_id for t in self.tasks)
-
-
-def with_weights(task: BatchTask | BatchGroup, weights: WeightsRef) -> BatchTask | BatchGroup:
-    """``task`` (one batch or a group) with its weights fetched from ``weights`` instead."""
-    if isinstance(task, BatchGroup):
-        return BatchGroup(tuple(dataclasses.replace(t, weights=weights) for t in task.tasks))
+def with_weights(task: BatchTask, weights: WeightsRef) -> BatchTask:
+    """``task`` with its weights fetched from ``weights`` instead."""
     return dataclasses.replace(task, weights=weights)
 
 
@@ -155,21 +121,6 @@ def collect_batch(plugin_name: str, task: BatchTask) -> BatchHandle | None:
         if plugin.closed:  # the collector closed while this batch ran (see teardown)
             plugin.close_idle()
     return handle
-
-
-def collect_batches(plugin_name: str, group: BatchGroup) -> list[BatchHandle]:
-    """Run a group's batches in order with :func:`collect_batch` (each written and committed
-    on its own); return their handles, in batch order. Stops early, returning the handles so
-    far, if the task was cancelled while it ran."""
-    handles: list[BatchHandle] = []
-    for task in group.tasks:
-        if handles and running_task_cancelled(this_worker()):
-            break
-        handle = collect_batch(plugin_name, task)
-        if handle is None:
-            break
-        handles.append(handle)
-    return handles
 
 
 def _collect_and_write(plugin: CollectorPlugin, worker: Worker,
