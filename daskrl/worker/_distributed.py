@@ -8,14 +8,40 @@ has no public API: :func:`running_task_cancelled` reads the worker's state machi
 
 from __future__ import annotations
 
-from distributed import Worker, get_worker
+import time
+from contextlib import suppress
 
-__all__ = ["local_data", "running_task_cancelled", "this_worker"]
+from distributed import Client, Worker, default_client, get_client, get_worker
+
+__all__ = ["local_data", "running_task_cancelled", "this_worker", "worker_client"]
+
+CLIENT_TRIES = 3
+"""How often :func:`worker_client` tries to register the worker's client."""
 
 
 def this_worker() -> Worker:
     """The worker running the calling task."""
     return get_worker()
+
+
+def worker_client() -> Client:
+    """The calling worker's client, made on first use.
+
+    Registering it can fail when the scheduler broadcasts to every client (a worker holding
+    scattered data just died) in the same instant: the client then reads two messages where
+    it expects its ``stream-start``, and asserts, left as the default client. Such a client
+    is closed and made again. (Streams make theirs when they start, away from faults.)
+    """
+    for _ in range(CLIENT_TRIES - 1):
+        try:
+            return get_client()
+        except AssertionError:
+            with suppress(ValueError):  # no default client
+                broken = default_client()
+                if broken.status != "running":
+                    broken.close(timeout=1)
+            time.sleep(0.1)
+    return get_client()
 
 
 def local_data(worker: Worker, key: str) -> object | None:

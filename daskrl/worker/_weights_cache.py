@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-from distributed import Future, get_client
+from distributed import Future
 
 from daskrl.errors import WeightsNotSharedError, WeightsUnavailableError
 from daskrl.weights._host_copies import HostCopies
@@ -25,7 +25,7 @@ from daskrl.weights._in_store import StoreWeights, read_store_weights
 from daskrl.weights._segments import SharedWeights
 from daskrl.weights._shared_reader import SharedWeightsReader
 from daskrl.weights._snapshot import WeightsSnapshot, load_weights
-from daskrl.worker._distributed import local_data, this_worker
+from daskrl.worker._distributed import local_data, this_worker, worker_client
 
 if TYPE_CHECKING:
     from daskrl.store._store import TrajectoryStore
@@ -35,6 +35,10 @@ __all__ = ["IN_PROCESS_WEIGHTS", "WEIGHTS_FETCH_TIMEOUT", "WeightsCache", "Weigh
 
 WEIGHTS_FETCH_TIMEOUT = 120.0
 """Default seconds a worker waits for a Dask-sent version (a lost one is scattered again)."""
+
+REFETCH_S = 0.25
+"""Least seconds between two asks for a lost version (the learner scatters it again within
+a health check)."""
 
 IN_PROCESS_WEIGHTS: dict[str, WeightsSnapshot] = {}
 """Published weights by name, for workers that share the learner's process (``processes=False``):
@@ -94,7 +98,7 @@ class WeightsCache:
                 # The learner switches to Dask transfers when it hears of this.
                 if not fallback:
                     raise
-                published = get_client().get_dataset(name, default=None)
+                published = worker_client().get_dataset(name, default=None)
                 if published is None:
                     raise
                 load_weights(policy, published.result(timeout=self.fetch_timeout))
@@ -154,7 +158,7 @@ class WeightsCache:
     def _fetch(self, version: int, name: str) -> WeightsSnapshot:
         """Fetch the published weights ``name``; wait out a re-publication if they were lost."""
         deadline = time.monotonic() + self.fetch_timeout
-        client = get_client()
+        client = worker_client()
         while True:
             # A published dataset: the scheduler registers this worker's client as wanting the
             # key, and the data comes straight from a worker holding it.
@@ -164,16 +168,21 @@ class WeightsCache:
                     f"{self.where}: weights version {version} ({name!r}) is no longer "
                     "published; was the collector closed?"
                 )
+            asked = time.monotonic()
             try:
-                snap = fut.result(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                snap = fut.result(timeout=min(2.0, max(0.1, deadline - asked)))
             except Exception as e:
                 # Lost with the worker that held it: the learner scatters it again under
-                # the same name.
+                # the same name. Let go of the lost key at once (a client that keeps wanting
+                # a key the scheduler forgot is told so on every reconnection), and do not
+                # ask the scheduler again at once: a lost key fails in milliseconds.
+                fut.release()
                 if time.monotonic() > deadline:
                     raise WeightsUnavailableError(
                         f"{self.where} could not fetch weights version {version} within "
                         f"{self.fetch_timeout:.0f}s; is the learner alive?"
                     ) from e
+                time.sleep(max(0.0, REFETCH_S - (time.monotonic() - asked)))
                 continue
             if not isinstance(snap, WeightsSnapshot):
                 raise WeightsUnavailableError(
