@@ -14,6 +14,7 @@ import time
 import gymnasium
 import numpy as np
 import pytest
+import torch
 from cli_cluster import cli_cluster, scheduler_address, worker_args
 
 import daskrl
@@ -192,3 +193,54 @@ def test_closing_with_a_frozen_scheduler_ends_within_its_deadlines(tmp_path):
         # unpublishing and unregistering the worker plugin are bounded by call_timeout
         assert took < 2 * call_timeout + 5, took
     assert daskrl.open_store(str(tmp_path / "s")).handle(first.batch_id).frames == 20
+
+
+def test_a_worker_without_a_nanny_sizes_torch_threads_to_its_own(cli, tmp_path):
+    # No nanny, so no OMP_NUM_THREADS=1: torch would start one intra-op thread per core (2
+    # here) in a one-thread worker, and several such workers oversubscribe the host.
+    sched, procs = cli
+    bare = {var: "" for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    with deploy.connect(scheduler_address(sched)) as d:
+        before = set(_worker_names(d.client))
+        procs.start("bare-worker", [*worker_args(sched, "bare-worker"), "--no-nanny"], env=bare)
+        try:
+            [addr] = set(_wait_for_n_workers(d.client, 3)) - before
+
+            def threads():
+                return d.client.run(lambda: torch.get_num_threads(), workers=[addr])[addr]
+
+            assert threads() > 1  # torch's default: one per core
+            with daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=d.client,
+                                  envs_per_worker=1, frames_per_batch=10, total_frames=30):
+                assert threads() == 1  # the worker's --nthreads 1
+                # The nanny's workers keep the nanny's one thread.
+                others = d.client.run(lambda: (torch.get_num_threads(),
+                                               os.environ["OMP_NUM_THREADS"]),
+                                      workers=list(before))
+                assert set(others.values()) == {(1, "1")}
+            # A count the user gives in env_vars is torch's count, though torch started first.
+            with daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s2"), client=d.client,
+                                  envs_per_worker=1, frames_per_batch=10, total_frames=30,
+                                  env_vars={"OMP_NUM_THREADS": "2"}):
+                assert threads() == 2
+        finally:
+            # env_vars stay set on the module's workers: give them their nanny's count back.
+            def one_thread():
+                os.environ["OMP_NUM_THREADS"] = "1"
+                torch.set_num_threads(1)
+
+            d.client.run(one_thread, workers=list(before))
+            procs.kill("bare-worker")
+            _wait_for_n_workers(d.client, 2)
+
+
+def test_an_in_process_worker_leaves_the_learners_torch_threads_alone(inproc_client, tmp_path):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # more than the workers' one thread each
+    try:
+        with daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=inproc_client,
+                              envs_per_worker=1, frames_per_batch=10, total_frames=30) as c:
+            assert len(list(c)) == 3
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from distributed import Client
 
+from daskrl._process import process_token
 from daskrl.collect._checks import check_probe
 from daskrl.collect._resume import Resume, count_frames
 from daskrl.collect._run import Run
@@ -25,7 +26,7 @@ from daskrl.config import CollectorConfig
 from daskrl.deploy._package_versions import acheck_versions
 from daskrl.store._layout import BATCH_IDS_PER_RUN
 from daskrl.store._store import TrajectoryStore
-from daskrl.weights._publish import WeightsPublisher, process_token
+from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import PolicySpec
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._plugin import CollectorPlugin

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import uuid
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol, TypeVar
 
@@ -31,19 +30,11 @@ from daskrl.weights._snapshot import WeightsSnapshot, snapshot, weights_layout
 from daskrl.worker._tasks import preload_shared_weights, preload_weights
 from daskrl.worker._weights_cache import IN_PROCESS_WEIGHTS, WeightsRef, weights_name
 
-__all__ = ["Cluster", "WeightsPublisher", "process_token"]
+__all__ = ["Cluster", "WeightsPublisher"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_PROCESS_TOKEN = uuid.uuid4().hex
-
-
-def process_token() -> str:
-    """A token of this process: a worker that returns the learner's shares its process."""
-    return _PROCESS_TOKEN
-
 
 class Cluster(Protocol):
     """What publishing needs of the collector's supervision (see ``collect._supervisor``)."""

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from distributed import Worker, WorkerPlugin
 
+from daskrl._process import process_token
 from daskrl.config import CollectorConfig
 from daskrl.errors import CollectorClosedError
 from daskrl.store._store import TrajectoryStore
@@ -27,6 +28,7 @@ from daskrl.weights._snapshot import PolicySpec
 from daskrl.worker._devices import DeviceSetting, resolve_device
 from daskrl.worker._envs import EnvSpec, apply_env_vars, check_may_start_processes
 from daskrl.worker._rollout import EnvSet
+from daskrl.worker._threads import size_torch_threads
 from daskrl.worker._vector import VectorEnvSet, make_envset
 from daskrl.worker._weights_cache import WeightsCache, WeightsRef
 
@@ -68,6 +70,8 @@ class CollectorPlugin(WorkerPlugin):
         self.storage_options = dict(storage_options)
         self.worker_name = "?"
         self.worker_address = "?"
+        self.learner_process = process_token()
+        """The learner's process: a worker in it leaves torch's threads to the learner."""
         self._init_local()
 
     def _init_local(self) -> None:
@@ -102,7 +106,8 @@ class CollectorPlugin(WorkerPlugin):
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("name", "envs", "policy_spec", "config", "device_setting", "env_vars",
-                "store_url", "storage_options", "worker_name", "worker_address", "resumed")
+                "store_url", "storage_options", "worker_name", "worker_address", "resumed",
+                "learner_process")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -111,6 +116,8 @@ class CollectorPlugin(WorkerPlugin):
 
     def setup(self, worker: Worker) -> None:
         apply_env_vars(self.env_vars)
+        if self.learner_process != process_token():
+            size_torch_threads(worker.state.nthreads, self.env_vars, f"worker {worker.address}")
         self.worker_name = str(worker.name)
         self.worker_address = worker.address
         self.weights.where = f"worker {self.worker_address}"
