@@ -30,7 +30,7 @@ def worker_client() -> Client:
     Registering it can fail when the scheduler broadcasts to every client (a worker holding
     scattered data just died) in the same instant: the client then reads two messages where
     it expects its ``stream-start``, and asserts, left as the default client. Such a client
-    is closed and made again. (Streams make theirs when they start, away from faults.)
+    is closed and made again.
     """
     for _ in range(CLIENT_TRIES - 1):
         try:

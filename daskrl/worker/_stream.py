@@ -31,7 +31,7 @@ from distributed.protocol import to_serialize
 from distributed.utils import sync
 
 from daskrl.errors import CollectorClosedError, StreamError
-from daskrl.worker._distributed import running_task_cancelled, this_worker, worker_client
+from daskrl.worker._distributed import running_task_cancelled, this_worker
 from daskrl.worker._plugin import CollectorPlugin, collector_plugin
 from daskrl.worker._tasks import BatchTask, collect_batch
 from daskrl.worker._weights_cache import WeightsRef
@@ -146,7 +146,6 @@ def run_stream(plugin_name: str, spec: StreamSpec) -> int:
     worker = this_worker()
     collector_plugin(worker, plugin_name)  # the collector's plugin is here, or raise now
     secede()  # long-running: the worker's task slots stay free for other tasks
-    worker_client()  # made now, not at a fault: the first fetch of Dask-sent weights needs it
     channel = _Channel(worker, spec)
     if channel.comm is None:  # refused: a newer epoch of this stream runs elsewhere
         return 0

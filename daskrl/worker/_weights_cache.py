@@ -123,6 +123,9 @@ class WeightsCache:
         """Load a version the learner sent through Dask: from this worker's memory (it is
         the version's seed), else as :meth:`_load_per_host` does, fetched from a worker
         holding it."""
+        # The worker's client, made at its first Dask-sent version even where it is the seed:
+        # made later, as a seed dies, it can fail (see worker_client).
+        worker_client()
         local = local_data(this_worker(), key)
         if isinstance(local, WeightsSnapshot):
             load_weights(policy, local)
