@@ -20,6 +20,7 @@ from cli_inprocess import daskrl_main
 
 import daskrl
 from daskrl.cli._exit import CONFIG, INTERRUPTED, RUNTIME, TERMINATED, USAGE
+from daskrl.testing import check_episode_continuity
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,6 +56,7 @@ def _check_intact(store: Path, frames_per_batch: int, envs: int) -> list[int]:
         done = batch["terminated"] | batch["truncated"]
         same = torch.isclose(batch["observation"][1:], batch["next_observation"][:-1]).all(-1)
         assert bool((same | done[:-1]).all()), bid
+    check_episode_continuity(s)  # and across batches
     return ids
 
 

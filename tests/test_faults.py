@@ -19,7 +19,7 @@ import daskrl
 from daskrl import BatchTimeoutError, EnvError
 from daskrl.deploy import local_cluster
 from daskrl.errors import ClusterError
-from daskrl.testing import FaultyEnv, SlowEnv, TagPolicy
+from daskrl.testing import FaultyEnv, SlowEnv, TagPolicy, check_episode_continuity
 
 pytestmark = pytest.mark.faults
 
@@ -137,6 +137,7 @@ def test_weights_lost_with_their_worker_are_scattered_again(own_cluster, tmp_pat
                    shared_memory=False)
     assert newest == [1]
     assert {h.weights_version for h in got[-2:]} == {1}
+    check_episode_continuity(daskrl.open_store(str(tmp_path / "s")))
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
@@ -151,6 +152,8 @@ def test_losing_every_worker_is_an_error_after_a_bounded_wait(tmp_path, kind):
                      str(tmp_path / "s"), scale_to_zero, lambda h: len(h) > 100,
                      envs_per_worker=1, frames_per_batch=50, total_frames=None,
                      lost_workers_timeout=3)
+    # what was committed before the workers left is whole and continuous
+    check_episode_continuity(daskrl.open_store(str(tmp_path / "s")))
 
 
 @pytest.mark.parametrize(("fault", "message"), [
@@ -223,6 +226,7 @@ def test_ctrl_c_during_iteration_stops_tasks_and_keeps_a_users_cluster(client, t
             pass
     timer.cancel()
     assert collector.in_flight == 0 and client.status == "running"
+    check_episode_continuity(daskrl.open_store(str(tmp_path / "s")))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(client.processing().values()):
         time.sleep(0.05)

@@ -17,6 +17,7 @@ from beds.dask_hosts import dask_hosts
 from beds.hosts import leftover_namespaces, netns_dir_mounted
 
 import daskrl
+from daskrl.testing import check_episode_continuity
 
 pytestmark = [
     pytest.mark.hosts,
@@ -51,6 +52,7 @@ def check_store(url: str, frames: int, handles: list[dict]) -> None:
         first, t_first = steps[0]
         assert [s for s, _ in steps] == list(range(first, first + len(steps))), episode
         assert first == 0 or t_first == 0, (episode, steps[:3])
+    check_episode_continuity(store)
 
 
 @pytest.fixture

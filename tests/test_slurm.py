@@ -34,6 +34,7 @@ import daskrl
 from daskrl import deploy
 from daskrl.cli import main as cli_main
 from daskrl.errors import MissingDependencyError
+from daskrl.testing import check_episode_continuity
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM = ROOT / "deploy" / "slurm"
@@ -618,3 +619,4 @@ def test_killed_cli_cancels_its_jobs_and_deletes_its_keys(slurm, tmp_path, sig):
     jobs = {k: j for k, j in slurm.wait_until_all_ended(timeout=30).items() if k not in before}
     assert len(jobs) == 1 and {j["JobState"] for j in jobs.values()} <= {"CANCELLED",
                                                                          "COMPLETED"}, jobs
+    check_episode_continuity(daskrl.open_store(str(store)))  # what it committed is whole
