@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from daskrl.config import CollectorConfig
 from daskrl.errors import ConfigError
 
-__all__ = ["PlannedBatch", "Planner", "stream_placement"]
+__all__ = ["Placement", "PlannedBatch", "Planner", "stream_placement"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,14 +124,39 @@ def stream_placement(streams: list[str], stream: int, live: set[str]) -> str:
     streams more than another (a replacement joined): it then moves to the live worker with
     the fewest streams, and its envs start afresh there at a batch boundary.
     """
-    current = streams[stream]
-    if not live:
-        return current
-    load = dict.fromkeys(live, 0)
-    for s, w in enumerate(streams):
-        if w in load and s != stream:
-            load[w] += 1
-    idle = min(live, key=lambda w: (load[w], w))
-    if current not in live or load[current] > load[idle]:
-        streams[stream] = idle
-    return streams[stream]
+    return Placement(streams, live).worker(stream)
+
+
+class Placement:
+    """:func:`stream_placement` for many streams in a row: the streams per worker are
+    counted once and kept as streams move, so that checking every stream costs
+    O(streams + workers), not O(streams x workers) (1,000 streams: 0.3 of the learner's
+    core at 4 checks a second)."""
+
+    def __init__(self, streams: list[str], live: set[str]) -> None:
+        self.streams = streams
+        """One worker per stream, updated in place."""
+        self.load = dict.fromkeys(live, 0)
+        for w in streams:
+            if w in self.load:
+                self.load[w] += 1
+        self._least: str | None = None  # the live worker with the fewest streams, by name
+
+    def worker(self, stream: int) -> str:
+        """The worker for ``stream``'s next batch (see :func:`stream_placement`)."""
+        current = self.streams[stream]
+        if not self.load:
+            return current
+        if self._least is None:
+            self._least = min(self.load, key=lambda w: (self.load[w], w))
+        idle = self._least
+        if current in self.load:
+            # Counting the other streams only lowers current's load by one: it moves if that
+            # is still above the least (then the least worker is the same).
+            if self.load[current] - 1 <= self.load[idle]:
+                return current
+            self.load[current] -= 1
+        self.streams[stream] = idle
+        self.load[idle] += 1
+        self._least = None
+        return idle

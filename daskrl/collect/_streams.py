@@ -30,7 +30,7 @@ from distributed.comm import CommClosedError
 from distributed.protocol import to_serialize
 
 from daskrl.collect._channel import Listener
-from daskrl.collect._planner import stream_placement
+from daskrl.collect._planner import Placement, stream_placement
 from daskrl.collect._supervisor import Workers
 from daskrl.errors import StreamError
 from daskrl.worker._stream import StreamSpec, run_stream
@@ -270,10 +270,12 @@ class StreamSet:
         one to a joining worker (see the module docstring)."""
         if self.closing or not live:
             return
+        placement = Placement(self._placement(), live)
         for s in self.streams:
             fut = s.future
             if s.worker not in live:
                 self._restart(s, f"its worker {s.worker} left or does not answer")
+                placement = Placement(self._placement(), live)  # (rare) counted again
             elif fut is not None and fut.done():
                 if fut.status == "error" and s.comm is None:
                     error = await fut.exception()
@@ -281,8 +283,9 @@ class StreamSet:
                         self.inbox.fail(error)
                         return
                 self._restart(s, f"its task ended ({fut.status})")
+                placement = Placement(self._placement(), live)
             elif s.moving_to is None and s.comm is not None:
-                there = stream_placement(self._placement(), s.index, live)
+                there = placement.worker(s.index)
                 if there != s.worker:
                     if s.sent:
                         s.moving_to = there

@@ -48,3 +48,38 @@ def test_a_stream_moves_off_a_departed_or_overloaded_worker():
     streams = ["a", "a", "a"]
     assert stream_placement(streams, 1, {"a", "b"}) == "b"  # a replacement joined
     assert stream_placement(["x"], 0, set()) == "x"  # no worker: stays
+
+
+def _placement_by_definition(streams, stream, live):
+    """The rule as stated: count the other streams per live worker, move to the least loaded
+    (by name on ties) if the worker left or has more than that one."""
+    current = streams[stream]
+    if not live:
+        return current
+    load = dict.fromkeys(live, 0)
+    for s, w in enumerate(streams):
+        if w in load and s != stream:
+            load[w] += 1
+    idle = min(live, key=lambda w: (load[w], w))
+    if current not in live or load[current] > load[idle]:
+        streams[stream] = idle
+    return streams[stream]
+
+
+def test_placement_of_many_streams_in_a_row_follows_the_rule():
+    # Placement counts once and keeps the counts as streams move: the same answers as the
+    # rule applied stream by stream to the updated list.
+    import random
+
+    from daskrl.collect._planner import Placement
+
+    rng = random.Random(0)
+    for _ in range(500):
+        workers = [f"w{i}" for i in range(rng.randint(1, 6))]
+        streams = [rng.choice([*workers, "gone"]) for _ in range(rng.randint(1, 12))]
+        live = set(rng.sample(workers, rng.randint(0, len(workers))))
+        by_definition, together = list(streams), list(streams)
+        placement = Placement(together, live)
+        for s in range(len(streams)):
+            assert placement.worker(s) == _placement_by_definition(by_definition, s, live)
+        assert together == by_definition
