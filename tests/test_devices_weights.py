@@ -105,6 +105,25 @@ def test_actions_come_from_the_version_the_handle_names(client, tmp_path):
             collector.update_weights(policy)
 
 
+def test_a_worker_asks_for_its_client_once_however_many_versions(client, tmp_path):
+    # distributed's get_client sends the scheduler an event per call: a worker loading a
+    # Dask-sent version every round (on-policy) must not send one per batch.
+    before = len(client.get_events("worker-get-client"))
+    policy = TagPolicy()
+    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, sync=True,
+                          shared_memory=False, envs_per_worker=2, frames_per_batch=10,
+                          total_frames=10 * 2 * 6) as collector:
+        for handle in collector:
+            assert (handle.load(keys=["tag"])["tag"] == handle.weights_version).all()
+            if not collector.in_flight:  # each round on a new version
+                with torch.no_grad():
+                    policy.tag.fill_(collector.weights_version + 1)
+                collector.update_weights(policy)
+    assert collector.weights_version == 6
+    workers = len(client.scheduler_info()["workers"])
+    assert len(client.get_events("worker-get-client")) - before <= workers
+
+
 def _pickle_names(obj: object) -> set[str]:
     import cloudpickle
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-from distributed import Future
+from distributed import Client, Future
 
 from daskrl.errors import WeightsNotSharedError, WeightsUnavailableError
 from daskrl.weights._host_copies import HostCopies
@@ -74,8 +74,16 @@ class WeightsCache:
         self.fetch_timeout = fetch_timeout
         self.sources: list[tuple[int, str]] = []
         """``(version, source)`` per version loaded, in order (see :data:`SOURCES`)."""
+        self._worker_client: Client | None = None
         self.shared = SharedWeightsReader()  # mappings of the learner's shared-memory weights
         self.host_copies = HostCopies(plugin_name)  # this host's copies of Dask-sent versions
+
+    def client(self) -> Client:
+        """This worker's client, made once (see :func:`worker_client`): distributed's
+        ``get_client`` sends the scheduler an event on every call."""
+        if self._worker_client is None:
+            self._worker_client = worker_client()
+        return self._worker_client
 
     def load(self, policy: torch.nn.Module, version: int, weights: WeightsRef,
              fallback: bool = True) -> str:
@@ -98,7 +106,7 @@ class WeightsCache:
                 # The learner switches to Dask transfers when it hears of this.
                 if not fallback:
                     raise
-                published = worker_client().get_dataset(name, default=None)
+                published = self.client().get_dataset(name, default=None)
                 if published is None:
                     raise
                 load_weights(policy, published.result(timeout=self.fetch_timeout))
@@ -125,7 +133,7 @@ class WeightsCache:
         holding it."""
         # The worker's client, made at its first Dask-sent version even where it is the seed:
         # made later, as a seed dies, it can fail (see worker_client).
-        worker_client()
+        self.client()
         local = local_data(this_worker(), key)
         if isinstance(local, WeightsSnapshot):
             load_weights(policy, local)
@@ -161,7 +169,7 @@ class WeightsCache:
     def _fetch(self, version: int, name: str) -> WeightsSnapshot:
         """Fetch the published weights ``name``; wait out a re-publication if they were lost."""
         deadline = time.monotonic() + self.fetch_timeout
-        client = worker_client()
+        client = self.client()
         while True:
             # A published dataset: the scheduler registers this worker's client as wanting the
             # key, and the data comes straight from a worker holding it.
