@@ -72,14 +72,19 @@ ENV = "CartPole-v1"
 HIDDEN = (64, 64)
 
 
-def start_cluster(tmp: Path, n: int) -> tuple[Processes, str]:
-    """A ``dask scheduler`` and ``n`` one-thread ``dask worker`` processes (no nanny)."""
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+"""The thread variables a nanny would set."""
+
+
+def start_cluster(tmp: Path, n: int, thread_env: dict[str, str] = ONE_THREAD
+                  ) -> tuple[Processes, str]:
+    """A ``dask scheduler`` and ``n`` one-thread ``dask worker`` processes (no nanny), all
+    with ``thread_env``."""
     procs = Processes(tmp)
     sched = tmp / "scheduler.json"
-    procs.start("scheduler", scheduler_args(sched),
-                {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    procs.start("scheduler", scheduler_args(sched), thread_env)
     wait_for_file(sched, procs)
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+    env = {**thread_env,
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for i in range(n):
         procs.start(f"worker-{i}", [*DASK, "worker", "--scheduler-file", str(sched),

@@ -31,28 +31,14 @@ from distributed import Client
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cli_cluster import DASK, Processes, scheduler_address, scheduler_args, wait_for_file  # noqa: E402
+from bench_scale import start_cluster  # noqa: E402
 
 from daskrl import Collector  # noqa: E402
 from daskrl.policies import MLPPolicy  # noqa: E402
 
 BARE = {"OMP_NUM_THREADS": "", "MKL_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": ""}
-
-
-def start_cluster(tmp: Path, n: int) -> tuple[Processes, str]:
-    """A ``dask scheduler`` and ``n`` one-thread ``dask worker --no-nanny`` processes."""
-    procs = Processes(tmp)
-    sched = tmp / "scheduler.json"
-    procs.start("scheduler", scheduler_args(sched), BARE)
-    wait_for_file(sched, procs)
-    env = {**BARE, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    for i in range(n):
-        procs.start(f"worker-{i}", [*DASK, "worker", "--scheduler-file", str(sched),
-                                    "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1",
-                                    "--no-dashboard", "--name", f"w{i}", "--local-directory",
-                                    str(tmp / f"w{i}-space")], env)
-    return procs, scheduler_address(sched)
 
 
 def _forget_thread_vars() -> None:
@@ -95,7 +81,7 @@ def main() -> None:
     times: dict[str, list[float]] = {k: [] for k in configs}
     threads: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        procs, address = start_cluster(Path(tmp), args.workers)
+        procs, address = start_cluster(Path(tmp), args.workers, BARE)
         try:
             with Client(address, timeout=60) as client:
                 client.wait_for_workers(args.workers, timeout=60)
