@@ -219,8 +219,9 @@ def test_tls_across_hosts(shared, tmp_path):
 @pytest.mark.timeout(300)
 def test_weights_reach_each_host_once_per_version(shared):
     """Two workers on each of two hosts: the learner sends each version to one worker (its
-    seed); one worker per host fetches it, the other reads that worker's copy in the host's
-    shared memory (checksums verified against the learner's)."""
+    seed); one worker per host fetches it through the version's tree (the other host's from
+    the seed's host), the other reads that worker's copy in the host's shared memory
+    (checksums verified against the learner's)."""
     with dask_hosts(shared, 3, workers_per_host=2) as cluster:
         cluster.wait_for_workers(4)
         store = str(shared / "store")
@@ -238,10 +239,13 @@ def test_weights_reach_each_host_once_per_version(shared):
         assert len(by_host_version) >= 8, by_host_version  # several versions on both hosts
         for (host, version), sources in by_host_version.items():
             # Each host fetches a version once: on the seed's host, its other worker from
-            # the seed next door; elsewhere one worker from another host, and the other
-            # reads that worker's copy in the host's shared memory.
-            assert sources.count("dask") <= 1, (host, version, sources)
+            # the seed next door; elsewhere one worker from the seed's host, its parent in
+            # the tree, and the other reads that worker's copy in the host's shared memory.
+            assert sources.count("tree") <= 1, (host, version, sources)
+            assert "dask" not in sources, (host, version, sources)  # no fallback
+            assert set(sources) <= {"seed", "tree", "host-copy"}, (host, version, sources)
         assert any("host-copy" in s for s in by_host_version.values()), by_host_version
+        assert any("tree" in s for s in by_host_version.values()), by_host_version
 
 
 @pytest.mark.timeout(300)

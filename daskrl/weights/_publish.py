@@ -27,6 +27,7 @@ from daskrl.errors import ClusterTimeoutError, InternalError, PolicyError, Weigh
 from daskrl.weights._in_store import StoreWeightsWriter
 from daskrl.weights._segments import SegmentPool, SharedWeights
 from daskrl.weights._snapshot import WeightsSnapshot, snapshot, weights_layout
+from daskrl.weights._tree import tree_enabled, tree_hosts, tree_name
 from daskrl.worker._tasks import preload_shared_weights, preload_weights
 from daskrl.worker._weights_cache import IN_PROCESS_WEIGHTS, WeightsRef, weights_name
 
@@ -128,10 +129,11 @@ class WeightsPublisher:
         return snap.version
 
     async def _scatter(self, snap: WeightsSnapshot, cluster: Cluster) -> Future:
-        """Send ``snap`` to one responsive worker, the version's seed, and publish it by name:
-        every other worker fetches it from there when its first batch on that version starts
-        (the learner sends one copy per version, however many hosts). A seed that does not
-        take it within ``call_timeout`` is dropped and the next one tried."""
+        """Send ``snap`` to one responsive worker, the version's seed, and publish it by name,
+        with the tree its hosts pass it on in (:mod:`daskrl.weights._tree`): every other host
+        fetches it from its parent there when its first batch on that version starts (the
+        learner sends one copy per version, however many hosts). A seed that does not take it
+        within ``call_timeout`` is dropped and the next one tried."""
         t = cluster.call_timeout
         live = sorted(await cluster.refresh(force=True))
         self._seed_turn += 1
@@ -147,9 +149,12 @@ class WeightsPublisher:
                 cluster.drop(seed, f"sending weights version {snap.version} failed "
                                    f"({type(e).__name__}: {e})")
                 continue
+            datasets: dict[str, Any] = {self.name(snap.version): future}
+            if tree_enabled():  # hosts fetch from one another: see weights._tree
+                datasets[tree_name(self.name(snap.version))] = tree_hosts(live, seed)
             await cluster.bounded(
                 f"publishing weights version {snap.version}",
-                self.client.publish_dataset(future, name=self.name(snap.version), override=True))
+                self.client.publish_dataset(override=True, **datasets))
             return future
         raise ClusterTimeoutError(
             f"weights version {snap.version} could not be sent to any worker within "
@@ -235,11 +240,12 @@ class WeightsPublisher:
         if fut is None:
             return
         if cluster is not None:
-            try:
-                await cluster.bounded("unpublishing weights",
-                                      self.client.unpublish_dataset(self.name(version)))
-            except (KeyError, ClusterTimeoutError, OSError):
-                logger.debug("could not unpublish weights version %d", version, exc_info=True)
+            for name in (self.name(version), tree_name(self.name(version))):
+                try:
+                    await cluster.bounded("unpublishing weights",
+                                          self.client.unpublish_dataset(name))
+                except (KeyError, ClusterTimeoutError, OSError):
+                    logger.debug("could not unpublish %s", name, exc_info=True)
         fut.release()
 
     async def close(self, cluster: Cluster | None) -> None:

@@ -21,7 +21,14 @@ import torch
 from daskrl._checksums import crc32c
 from daskrl.errors import PolicyError, WeightsIntegrityError, WeightsNotSharedError
 from daskrl.weights._segments import HEADER, MAGIC, SharedWeights, tensor_nbytes
-from daskrl.weights._snapshot import as_numpy, copy_with_crc, dtype_from_name, get_tensor
+from daskrl.weights._snapshot import (
+    WeightsSnapshot,
+    as_numpy,
+    copy_with_crc,
+    dtype_from_name,
+    get_tensor,
+    numpy_dtype,
+)
 
 __all__ = ["SharedWeightsReader", "own_file"]
 
@@ -143,6 +150,18 @@ class SharedWeightsReader:
                 f"{where}: weights version {w.version} was replaced in shared memory while it "
                 "was read"
             )
+
+    def snapshot(self, w: SharedWeights, where: str = "worker") -> WeightsSnapshot:
+        """Version ``w`` as a snapshot of read-only views of its mapping, not copied and not
+        checked (whoever loads it checks the learner's checksums): to serve it to another
+        host. The mapping lives as long as the arrays."""
+        mm = self._map(w, where)
+        arrays = tuple(
+            np.frombuffer(mm, numpy_dtype(dtype_from_name(d)), int(np.prod(s, dtype=np.int64)),
+                          off).reshape(s)
+            for d, s, off in zip(w.dtypes, w.shapes, w.offsets))
+        return WeightsSnapshot(version=w.version, names=w.names, dtypes=w.dtypes,
+                               arrays=arrays, checksums=w.checksums)
 
     def close(self) -> None:
         """Drop every mapping."""

@@ -97,7 +97,8 @@ class CollectorPlugin(WorkerPlugin):
     def weight_sources(self) -> list[tuple[int, str]]:
         """``(version, where from)`` per version loaded: "in-process", "shared-memory",
         "seed" (this worker's own memory), "host-copy" (another worker of this host fetched
-        it), "dask" (fetched) or "store" (read from the store)."""
+        it), "tree" (fetched from another host in the version's fan-out tree), "dask" (fetched
+        from the seed) or "store" (read from the store)."""
         return self.weights.sources
 
     def streams(self) -> dict[int, int | None]:
@@ -121,6 +122,7 @@ class CollectorPlugin(WorkerPlugin):
         self.worker_name = str(worker.name)
         self.worker_address = worker.address
         self.weights.where = f"worker {self.worker_address}"
+        self.weights.attach(worker)
         for spec in self.envs:
             check_may_start_processes(spec, f"worker {self.worker_address}")
 

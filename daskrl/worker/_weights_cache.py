@@ -4,9 +4,11 @@ A batch names its weights version and where it is (:data:`WeightsRef`).  :class:
 loads it from, in this order: the learner's own snapshot (in-process workers,
 :data:`IN_PROCESS_WEIGHTS`), the learner's shared memory (a :class:`SharedWeights` manifest),
 this worker's own memory (the broadcast seeded it here), this host's copy (another worker of
-the host fetched it), or fetched through Dask or read from the store (``weights_in_store``, a
+the host fetched it), or fetched (from the parent of this host in the version's fan-out tree,
+:mod:`daskrl.weights._tree`, else through Dask) or read from the store (``weights_in_store``, a
 :class:`StoreWeights` manifest) and then left as the host's copy.  Every path checks the
-learner's checksums.  The cache keeps the shared-memory mappings and the host copies
+learner's checksums.  The cache also serves Dask-sent versions to the hosts below its own in a
+tree (:meth:`WeightsCache.attach`).  It keeps the shared-memory mappings and the host copies
 this worker made, until :meth:`WeightsCache.close`.
 """
 
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-from distributed import Client, Future
+from distributed import Client, Future, Worker
 
 from daskrl.errors import WeightsNotSharedError, WeightsUnavailableError
 from daskrl.weights._host_copies import HostCopies
@@ -25,6 +27,7 @@ from daskrl.weights._in_store import StoreWeights, read_store_weights
 from daskrl.weights._segments import SharedWeights
 from daskrl.weights._shared_reader import SharedWeightsReader
 from daskrl.weights._snapshot import WeightsSnapshot, load_weights
+from daskrl.weights._tree import fetch_from_tree, serve_weights, stop_serving, tree_name
 from daskrl.worker._distributed import local_data, this_worker, worker_client
 
 if TYPE_CHECKING:
@@ -49,10 +52,14 @@ WeightsRef = str | SharedWeights | StoreWeights
 """How a task finds its weights version: the data key it was scattered under, or the manifest
 of its copy in the learner's shared memory or in the store."""
 
-SOURCES = ("in-process", "shared-memory", "seed", "host-copy", "dask", "store")
+SOURCES = ("in-process", "shared-memory", "seed", "host-copy", "tree", "dask", "store")
 """Where a version came from: the learner's snapshot in this process, the learner's shared
-memory, this worker's own memory, another worker's copy on this host, fetched through Dask, or
-read from the store."""
+memory, this worker's own memory, another worker's copy on this host, fetched from the parent
+of this host in the version's tree (:mod:`daskrl.weights._tree`), fetched through Dask from the
+seed, or read from the store."""
+
+Fetch = Callable[[], tuple[WeightsSnapshot, str]]
+"""Gets a version to this worker: the snapshot, and where from (one of :data:`SOURCES`)."""
 
 
 def weights_name(plugin_name: str, version: int) -> str:
@@ -75,6 +82,8 @@ class WeightsCache:
         self.sources: list[tuple[int, str]] = []
         """``(version, source)`` per version loaded, in order (see :data:`SOURCES`)."""
         self._worker_client: Client | None = None
+        self.worker: Worker | None = None
+        """The worker this cache serves versions from (:meth:`attach`)."""
         self.shared = SharedWeightsReader()  # mappings of the learner's shared-memory weights
         self.host_copies = HostCopies(plugin_name)  # this host's copies of Dask-sent versions
 
@@ -112,8 +121,8 @@ class WeightsCache:
                 load_weights(policy, published.result(timeout=self.fetch_timeout))
                 source = "dask"
         elif isinstance(weights, StoreWeights):
-            source = self._load_per_host(policy, version, "store",
-                                         lambda: self._read_store(weights))
+            source = self._load_per_host(policy, version,
+                                         lambda: (self._read_store(weights), "store"))
         else:
             source = self._load_through_dask(policy, version, name, weights)
         self.sources.append((version, source))
@@ -129,8 +138,8 @@ class WeightsCache:
     def _load_through_dask(self, policy: torch.nn.Module, version: int, name: str,
                            key: str) -> str:
         """Load a version the learner sent through Dask: from this worker's memory (it is
-        the version's seed), else as :meth:`_load_per_host` does, fetched from a worker
-        holding it."""
+        the version's seed), else as :meth:`_load_per_host` does, fetched from the parent of
+        this host in the version's tree, or from a worker holding it."""
         # The worker's client, made at its first Dask-sent version even where it is the seed:
         # made later, as a seed dies, it can fail (see worker_client).
         self.client()
@@ -138,33 +147,73 @@ class WeightsCache:
         if isinstance(local, WeightsSnapshot):
             load_weights(policy, local)
             return "seed"
-        return self._load_per_host(policy, version, "dask", lambda: self._fetch(version, name))
+        return self._load_per_host(policy, version,
+                                   lambda: self._fetch_sent(version, name, key))
 
-    def _load_per_host(self, policy: torch.nn.Module, version: int, fetched: str,
-                       fetch: Callable[[], WeightsSnapshot]) -> str:
+    def _load_per_host(self, policy: torch.nn.Module, version: int, fetch: Fetch) -> str:
         """Load ``version`` from this host's copy (another worker of the host got it), or
-        ``fetch`` it (``fetched`` says from where) and leave it as this host's copy."""
+        ``fetch`` it and leave it as this host's copy; return where it came from."""
+        held, source = self._hold(version, fetch)
+        if isinstance(held, SharedWeights):
+            try:
+                self.shared.load(policy, held, self.where)
+                return source
+            except WeightsNotSharedError:  # removed meanwhile: fetch it
+                held, source = fetch()
+        load_weights(policy, held)  # verifies the learner's checksums
+        return source
+
+    def _hold(self, version: int,
+              fetch: Fetch) -> tuple[SharedWeights | WeightsSnapshot, str]:
+        """This host's copy of ``version`` (its manifest, ``"host-copy"``); or, where no
+        worker of the host had one, the snapshot ``fetch`` got here (its checksums not checked
+        yet) and where from, left as the host's copy."""
         copy_key = f"v{version}"
         copy = self.host_copies.manifest(copy_key, wait=False)
         claimed = copy is None and self.host_copies.claim(copy_key)
         if copy is None and not claimed:
             copy = self.host_copies.manifest(copy_key, wait=True)
         if copy is not None:
-            try:
-                self.shared.load(policy, copy, self.where)
-                return "host-copy"
-            except WeightsNotSharedError:  # removed meanwhile: fetch it
-                pass
+            return copy, "host-copy"
         try:
-            snap = fetch()
-            load_weights(policy, snap)  # verifies the learner's checksums
+            snap, source = fetch()
         except BaseException:
             if claimed:
                 self.host_copies.release(copy_key)
             raise
-        if claimed:
+        if claimed:  # checks the checksums as it copies: a damaged one is not made the copy
             self.host_copies.publish(copy_key, snap)
-        return fetched
+        return snap, source
+
+    def attach(self, worker: Worker) -> None:
+        """Serve this collector's Dask-sent versions from ``worker`` to the hosts below its
+        own in a version's tree (see :mod:`daskrl.weights._tree`)."""
+        self.worker = worker
+        serve_weights(worker, self.plugin_name, self._provide)
+
+    def _provide(self, version: int, key: str) -> WeightsSnapshot:
+        """Version ``version`` (data key ``key``) for a child host: from this worker's memory
+        (the seed), this host's copy, or got here first."""
+        assert self.worker is not None
+        local = local_data(self.worker, key)
+        if isinstance(local, WeightsSnapshot):
+            return local
+        name = weights_name(self.plugin_name, version)
+        held, _ = self._hold(version, lambda: self._fetch_sent(version, name, key))
+        if isinstance(held, SharedWeights):
+            return self.shared.snapshot(held, self.where)
+        return held
+
+    def _fetch_sent(self, version: int, name: str, key: str) -> tuple[WeightsSnapshot, str]:
+        """Fetch a Dask-sent version: from the parent of this host in its tree (``"tree"``),
+        else from a worker holding it, the seed (``"dask"``)."""
+        tree = self.client().get_dataset(tree_name(name), default=None)
+        if tree and self.worker is not None:
+            snap = fetch_from_tree(self.worker, self.plugin_name, version, key, tuple(tree),
+                                   timeout=self.fetch_timeout / 2)
+            if snap is not None:
+                return snap, "tree"
+        return self._fetch(version, name), "dask"
 
     def _fetch(self, version: int, name: str) -> WeightsSnapshot:
         """Fetch the published weights ``name``; wait out a re-publication if they were lost."""
@@ -203,6 +252,8 @@ class WeightsCache:
             return snap
 
     def close(self) -> None:
-        """Drop every mapping and remove the host copies this worker made."""
+        """Drop every mapping, remove the host copies this worker made, and stop serving."""
+        if self.worker is not None:
+            stop_serving(self.worker, self.plugin_name)
         self.shared.close()
         self.host_copies.close()
