@@ -249,6 +249,31 @@ def test_weights_reach_each_host_once_per_version(shared):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("tree", [False, True], ids=["star", "tree"])
+def test_weights_slower_to_send_than_a_fetch_try_still_arrive(shared, tree):
+    """6 MiB of weights over links of 20 Mbit/s take 2.5 s per host: longer than a worker
+    waits for a fetched version's key to be known held (2 s). The transfer is not cut short
+    (it once was, and started again, and never arrived): every version reaches the other
+    host, through the star and through the tree."""
+    with dask_hosts(shared, 3) as cluster:
+        for i in (1, 2):  # the workers' hosts
+            cluster.hosts.check(i, ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
+                                    "20mbit", "burst", "256kb", "latency", "2s"])
+        cluster.wait_for_workers(2)
+        store = str(shared / "store")
+        learner = cluster.learner("slow-link", {
+            "store": store, "update_weights": True, "weight_sources": True, "ballast_mib": 6,
+            "dask_config": {"daskrl.weights.tree": tree},
+            "collector": _collector(2, shared_memory=False, call_timeout=60)})
+        result = learner.result(timeout=CUT_BOUND)
+        assert result["error"] is None, learner.log()
+        check_store(store, FRAMES_PER_BATCH * 2, result["handles"])
+        fetched = [s for sources in result["weight_sources"].values() for _, s in sources
+                   if s in ("dask", "tree")]
+        assert fetched and set(fetched) == {"tree" if tree else "dask"}, result
+
+
+@pytest.mark.timeout(300)
 def test_weights_in_store_are_read_once_per_host_and_reach_every_batch(shared):
     """``weights_in_store``: each version is one file in the shared store; on each of two
     hosts one worker reads it there and the other reads that worker's copy in the host's

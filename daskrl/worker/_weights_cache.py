@@ -39,6 +39,10 @@ __all__ = ["IN_PROCESS_WEIGHTS", "WEIGHTS_FETCH_TIMEOUT", "WeightsCache", "Weigh
 WEIGHTS_FETCH_TIMEOUT = 120.0
 """Default seconds a worker waits for a Dask-sent version (a lost one is scattered again)."""
 
+PENDING_S = 2.0
+"""Most seconds a fetched version's key may stay unknown to be held (it was lost, and the
+learner scatters it again under a new key) before the worker asks for the name again."""
+
 REFETCH_S = 0.25
 """Least seconds between two asks for a lost version (the learner scatters it again within
 a health check)."""
@@ -230,7 +234,14 @@ class WeightsCache:
                 )
             asked = time.monotonic()
             try:
-                snap = fut.result(timeout=min(2.0, max(0.1, deadline - asked)))
+                # Its key must be known held within PENDING_S (a key the scheduler forgot
+                # stays pending); then the transfer has all the time left: cut short, a big
+                # version on a slow link would start again, and never arrive.
+                while fut.status == "pending" and time.monotonic() - asked < PENDING_S:
+                    time.sleep(0.005)
+                if fut.status != "finished":  # pending still, lost, cancelled
+                    raise LookupError(f"{name!r} is {fut.status} on the scheduler")
+                snap = fut.result(timeout=max(0.1, deadline - time.monotonic()))
             except Exception as e:
                 # Lost with the worker that held it: the learner scatters it again under
                 # the same name. Let go of the lost key at once (a client that keeps wanting

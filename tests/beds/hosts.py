@@ -29,7 +29,7 @@ from pathlib import Path
 
 from beds.packages import ensure_commands
 
-COMMANDS = {"ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
+COMMANDS = {"ip": "iproute2", "tc": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
             "mount": "mount", "umount": "mount", "ps": "procps"}
 """The commands the bed runs, each with the Debian package that has it (installed by the bed
 where it is missing: :mod:`beds.packages`)."""

@@ -5,7 +5,8 @@ in the config and writes ``result.json`` next to the config: the handles it got,
 each ``update_weights`` took, or the error that stopped it. After each handle whose index is
 in ``pause_after`` it writes ``paused-<i>`` and waits (at most ``pause_limit`` seconds) for
 the test to create ``go-<i>`` (having cut a link or killed a host meanwhile); with
-``update_weights`` it then publishes a new version (the policy's tag set to it).
+``update_weights`` it then publishes a new version (the policy's tag set to it). Optional:
+``dask_config`` set around the collection, ``ballast_mib`` of weights the policy carries.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def main(config_path: str) -> int:
     result: dict = {"handles": [], "update_seconds": [], "error": None}
     t_start = time.monotonic()
     try:
+        import dask
         import torch
 
         import daskrl
@@ -34,7 +36,10 @@ def main(config_path: str) -> int:
             tls = config["tls"]
             security = deploy.tls_security(tls["ca"], tls["cert"], tls["key"])
         policy = TagPolicy()
+        if config.get("ballast_mib"):  # weights this big (a buffer the policy never reads)
+            policy.register_buffer("ballast", torch.ones(int(config["ballast_mib"] * 2**18)))
         with (
+            dask.config.set(config.get("dask_config", {})),
             deploy.connect(config["address"], security=security) as d,
             daskrl.Collector(config.get("env", "daskrl.testing:Counting-v0"), policy,
                              config["store"], client=d.client,
