@@ -33,7 +33,8 @@ from daskrl.collect._channel import Listener
 from daskrl.collect._planner import Placement, stream_placement
 from daskrl.collect._supervisor import Workers
 from daskrl.errors import StreamError
-from daskrl.worker._stream import StreamSpec, run_stream
+from daskrl.store._handles import BatchHandle
+from daskrl.worker._stream import StreamSpec, batch_message, run_stream
 from daskrl.worker._tasks import BatchTask
 from daskrl.worker._weights_cache import WeightsRef
 
@@ -158,7 +159,7 @@ class StreamSet:
             return
         s.sent[task.batch_id] = task
         if s.comm is not None:
-            self._send(s, {"op": "batch", "task": to_serialize(task)})
+            self._send(s, batch_message(task, self.newest))
 
     def announce(self, version: int, weights: WeightsRef) -> None:
         """Tell every stream of a new weights version."""
@@ -207,7 +208,7 @@ class StreamSet:
         s.outbox.clear()
         if self.newest is not None:
             s.outbox.append(self._weights_message())
-        s.outbox.extend({"op": "batch", "task": to_serialize(t)} for t in s.sent.values())
+        s.outbox.extend(batch_message(t, self.newest) for t in s.sent.values())
         if s.outbox and not s.writing:
             self._start_drain(s)
         return True
@@ -221,7 +222,7 @@ class StreamSet:
             return  # taken back, or answered already
         s.starts_without_a_batch = 0
         if msg["op"] == "handle":
-            self.inbox.put(("handle", msg["handle"], task))
+            self.inbox.put(("handle", BatchHandle.from_wire(msg["h"]), task))
         else:
             self.inbox.put(("error", msg["error"], task))
         if s.moving_to is not None and not s.sent:

@@ -80,6 +80,22 @@ class BatchHandle:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
+    def to_wire(self) -> tuple[Any, ...]:
+        """The handle's fields as plain values (msgpack's types), in field order: what a
+        stream sends the learner, at a tenth of pickling's cost (no store object)."""
+        state = self.__dict__
+        return tuple(state[name] for name in _WIRE_FIELDS)
+
+    @classmethod
+    def from_wire(cls, values: Sequence[Any]) -> BatchHandle:
+        """The handle :meth:`to_wire` gave ``values`` of."""
+        if len(values) != len(_WIRE_FIELDS):
+            raise ValueError(f"a handle has {len(_WIRE_FIELDS)} fields, got {len(values)} "
+                             "values (a worker of another daskrl version?)")
+        new = object.__new__(cls)
+        new.__dict__.update(zip(_WIRE_FIELDS, values), _store_object=None)
+        return new
+
     def with_store(self, store: TrajectoryStore) -> BatchHandle:
         """The handle, loading through ``store`` (this process only: not pickled)."""
         return self._evolve(_store_object=store)
@@ -229,3 +245,4 @@ class BatchHandle:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(BatchHandle))
+_WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(BatchHandle) if f.name != "_store_object")

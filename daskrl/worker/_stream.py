@@ -12,10 +12,14 @@ of them ahead, so a slow learner slows the stream), collects it with
 Between two batches the stream also takes the learner's weights announcements: a batch that
 may run on a newer version (``newest_ok``, ``sync=False``) runs on the newest one announced.
 
-Messages, learner to worker: ``{"op": "batch", "task"}``, ``{"op": "weights", "version",
-"weights"}``, ``{"op": "stop"}``; worker to learner: ``{"op": "hello", "token", "stream",
-"epoch", "worker"}`` (answered ``{"op": "ok"}`` or ``{"op": "refused"}``), ``{"op":
-"handle", "batch_id", "handle"}``, ``{"op": "error", "batch_id", "error"}``.
+Messages, learner to worker: ``{"op": "batch", "t", "w"}`` (:func:`batch_message`),
+``{"op": "weights", "version", "weights"}``, ``{"op": "stop"}``; worker to learner: ``{"op":
+"hello", "token", "stream", "epoch", "worker"}`` (answered ``{"op": "ok"}`` or ``{"op":
+"refused"}``), ``{"op": "handle", "batch_id", "h"}`` (``BatchHandle.to_wire``), ``{"op":
+"error", "batch_id", "error"}``. A batch and a handle, one of each per batch, travel as plain
+values (msgpack), not pickled: pickling a handle cost its worker ~0.1-0.3 ms and the
+learner's loads ~0.06 ms, a batch's dumps ~0.07 ms.
+
 """
 
 from __future__ import annotations
@@ -48,6 +52,34 @@ POLL_S = 0.5
 """How often a stream waiting for its next batch checks whether it was cancelled."""
 
 _CLOSED = object()  # the channel's end, in the inbox
+
+
+def batch_message(task: BatchTask, announced: tuple[int, WeightsRef] | None) -> dict[str, Any]:
+    """The learner's message giving ``task`` to its stream: its fields as plain values, and
+    its weights' ref only where it is not the one last announced to the stream
+    (``announced``; the stream has that one)."""
+    known = (announced is not None and announced[0] == task.weights_version
+             and announced[1] == task.weights)
+    return {"op": "batch",
+            "t": (task.batch_id, task.stream, task.previous_batch_id, task.steps,
+                  task.random_steps, task.weights_version, task.env, task.newest_ok),
+            "w": None if known else to_serialize(task.weights)}
+
+
+def read_batch(msg: dict[str, Any], announced: tuple[int, WeightsRef] | None) -> BatchTask:
+    """The task of a :func:`batch_message`, its weights' ref taken from ``announced`` where
+    the message has none."""
+    batch_id, stream, previous, steps, random_steps, version, env, newest_ok = msg["t"]
+    weights = msg["w"]
+    if weights is None:
+        if announced is None or announced[0] != version:
+            raise StreamError(
+                f"batch {batch_id} came without its weights version {version}, which was not "
+                "announced to this stream (learner and worker of different daskrl versions?)")
+        weights = announced[1]
+    return BatchTask(batch_id=batch_id, stream=stream, previous_batch_id=previous,
+                     steps=steps, random_steps=random_steps, weights_version=version,
+                     weights=weights, env=env, newest_ok=newest_ok)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,11 +148,11 @@ class _Channel:
                 continue
             if msg is _CLOSED or msg.get("op") == "stop":
                 return None
-            if msg.get("op") == "weights":
-                if self.newest is None or msg["version"] > self.newest[0]:
+            if msg.get("op") == "weights":  # the last announced wins (as on the learner)
+                if self.newest is None or msg["version"] >= self.newest[0]:
                     self.newest = (msg["version"], msg["weights"])
                 continue
-            task: BatchTask = msg["task"]
+            task = read_batch(msg, self.newest)
             if task.newest_ok and self.newest is not None and \
                     self.newest[0] > task.weights_version:
                 task = dataclasses.replace(task, weights_version=self.newest[0],
@@ -134,6 +166,8 @@ class _Channel:
         except (CommClosedError, OSError):
             return False
         return True
+
+
 
     def close(self) -> None:
         if self.comm is not None and not self.comm.closed():
@@ -163,13 +197,15 @@ def run_stream(plugin_name: str, spec: StreamSpec) -> int:
             except CollectorClosedError:
                 return sent
             except Exception as e:  # the learner decides: raise it, or send the batch again
-                msg = {"op": "error", "batch_id": task.batch_id, "error": to_serialize(e)}
+                if not channel.send({"op": "error", "batch_id": task.batch_id,
+                                     "error": to_serialize(e)}):
+                    return sent
             else:
                 if handle is None:  # cancelled while it ran
                     return sent
-                msg = {"op": "handle", "batch_id": task.batch_id, "handle": to_serialize(handle)}
-            if not channel.send(msg):
-                return sent
+                if not channel.send({"op": "handle", "batch_id": task.batch_id,
+                                     "h": handle.to_wire()}):
+                    return sent
             sent += 1
         return sent
     finally:
