@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 
 import pytest
@@ -236,3 +237,36 @@ def test_summary_reports_workers_episodes_and_lag(client, tmp_path):
     assert all(w["rollout_fps"] > 0 for w in s["workers"].values())
     assert s["policy_lag_counts"] == {0: 4} and s["dropped_stale"] == 0
     assert all(h.fps > 0 for h in handles)
+
+
+def test_an_asynchronous_client_start_does_its_store_io_off_the_event_loop(cluster, tmp_path,
+                                                                          monkeypatch):
+    """The start's store I/O (the next run number, the probe, the run's record) runs in a
+    thread: on an object store each is a request, and the event loop must stay free for the
+    cluster's messages meanwhile. (The constructor's checks run where it is called.)"""
+    from daskrl.store._store import TrajectoryStore
+
+    threads: dict[str, set[int]] = {}
+    for name in ("next_run", "write_probe", "clear_probes", "register_run"):
+        real = getattr(TrajectoryStore, name)
+
+        def recording(self, *args, _real=real, _name=name, **kwargs):
+            threads.setdefault(_name, set()).add(threading.get_ident())
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(TrajectoryStore, name, recording)
+
+    async def main() -> int:
+        async with Client(cluster.scheduler_address, asynchronous=True) as client:
+            collector = daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"),
+                                         client=client, envs_per_worker=2,
+                                         frames_per_batch=10, total_frames=20)
+            threads.clear()  # (the constructor's checks run where it is called)
+            async with collector:
+                ids = [h.batch_id async for h in collector]
+            assert ids == [0, 1]
+            return threading.get_ident()  # the event loop's thread
+
+    loop_thread = asyncio.run(main())
+    assert set(threads) == {"next_run", "write_probe", "clear_probes", "register_run"}, threads
+    assert all(loop_thread not in idents for idents in threads.values()), threads

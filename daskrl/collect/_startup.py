@@ -3,11 +3,14 @@
 One coroutine for both kinds of client (:class:`~daskrl.Collector` runs it through
 ``client.sync`` for a synchronous one). Everything that can fail on a worker (a device, the
 policy, the store's reach, the weights path) fails here, before the first batch; the run
-number is claimed last, so a start that fails uses up none.
+number is claimed last, so a start that fails uses up none. The store's I/O (a listing, a
+probe, the run's record: on an object store, requests of tens of milliseconds) runs in a
+thread, off the client's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import uuid
@@ -58,9 +61,10 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig,
     tokens = await workers.bounded("asking the workers for their process",
                                    client.run(process_token, workers=live))
     weights.in_process = process_token() in tokens.values()
-    first_id = store.next_run() * BATCH_IDS_PER_RUN
+    first_id = await asyncio.to_thread(store.next_run) * BATCH_IDS_PER_RUN
     if resume is not None:  # what committed since the learner's first count counts too
-        resume = dataclasses.replace(resume, frames=count_frames(store, resume.chain))
+        frames = await asyncio.to_thread(count_frames, store, resume.chain)
+        resume = dataclasses.replace(resume, frames=frames)
     run = Run(client, cfg, plugin_name, key_prefix, first_id, workers, weights, store,
               resume=resume, num_envs=len(envs))
     await _probe_store(client, store, plugin_name, key_prefix, workers, live)
@@ -82,7 +86,8 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig,
     # Claim a run number, last: a start that fails uses up none.
     if settings is None:
         settings = {"env": envs[0].label, **cfg.as_dict()}
-    number = store.register_run(settings, resumes=resume.run if resume is not None else None)
+    number = await asyncio.to_thread(store.register_run, settings,
+                                     resumes=resume.run if resume is not None else None)
     assert first_id == number * BATCH_IDS_PER_RUN
     return run, number
 
@@ -92,11 +97,11 @@ async def _probe_store(client: Client, store: TrajectoryStore, plugin_name: str,
     """Every worker must see and write the learner's store: the classic failure is a local
     path on a cluster of several machines, where each worker writes its own directory."""
     token = uuid.uuid4().hex
-    store.write_probe(probe, "learner", token)
+    await asyncio.to_thread(store.write_probe, probe, "learner", token)
     try:
         futures = {w: client.submit(probe_store, plugin_name, probe, token, workers=[w],
                                     key=f"daskrl-probe-{probe}-{w}", pure=False) for w in live}
         for fut in (await workers.wait_each(futures, "probing the store")).values():
-            check_probe(store, probe, await fut, token)
+            await asyncio.to_thread(check_probe, store, probe, await fut, token)
     finally:
-        store.clear_probes(probe)
+        await asyncio.to_thread(store.clear_probes, probe)
