@@ -7,12 +7,12 @@ validated in ``__post_init__`` on the learner, so bad input fails before any wor
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
 from daskrl.errors import ConfigError
+from daskrl.store._format.compression import Compression
 from daskrl.worker._devices import DeviceSetting, check_device_setting
 from daskrl.worker._envs import check_env_vars
 from daskrl.worker._infos import check_info_keys
@@ -28,15 +28,6 @@ LEARNER_SIDE = ("device", "env_kwargs", "env_vars", "lost_workers_timeout", "cal
                 "shared_memory")
 """Fields about where and how this run's collection happens, not what it collects: not
 stored with the run (:meth:`CollectorConfig.as_dict`)."""
-
-
-class Compression(str, enum.Enum):
-    """Compressor of the stored chunks (a checksum is always added); the writer stores raw
-    each array it would shrink by less than 10 % (see the store format's codecs)."""
-
-    ZSTD = "zstd"
-    LZ4 = "lz4"
-    NONE = "none"
 
 
 def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:

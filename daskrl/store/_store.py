@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from daskrl._nested import nest
-from daskrl.config import Compression
 from daskrl.errors import BatchNotFoundError, UsageError
 from daskrl.store._backends import Backend, open_backend
 from daskrl.store._commits import CommitIndex
@@ -31,6 +30,7 @@ from daskrl.store._documents import Documents
 from daskrl.store._env_select import EnvFilter, env_matcher
 from daskrl.store._episodes import Episode, iter_episodes
 from daskrl.store._format import ReadLimits
+from daskrl.store._format.compression import Compression
 from daskrl.store._handles import BatchHandle
 from daskrl.store._housekeeping import DEFAULT_GRACE_SECONDS, GarbageReport, Housekeeping
 from daskrl.store._layout import BATCH_IDS_PER_RUN, FORMAT_NAME, FORMAT_VERSION, MAX_RUNS

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from daskrl.config import Compression
 from daskrl.errors import StoreError
 from daskrl.store._documents import Documents
 from daskrl.store._format import EncodedBatch, ZipFormatError, encode_batch
 from daskrl.store._format.codec_choice import CodecChoices
+from daskrl.store._format.compression import Compression
 from daskrl.store._layout import (
     BATCH_IDS_PER_RUN,
     MAX_RUNS,

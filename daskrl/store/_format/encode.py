@@ -24,10 +24,10 @@ import numcodecs
 import numpy as np
 
 from daskrl._checksums import crc32c
-from daskrl.config import Compression
 from daskrl.errors import UnsupportedDtypeError
 from daskrl.store._format import zip_container as zc
 from daskrl.store._format.codec_choice import CodecChoices
+from daskrl.store._format.compression import Compression
 
 __all__ = ["CHUNK_BYTES", "EncodedBatch", "chunk_rows", "dimension_names", "encode_array",
            "encode_batch", "group_document"]
