@@ -113,8 +113,8 @@ async def serve(address: str, first: int, n: int, shm: str) -> None:
     keeping its host copies in a directory of its own."""
     from distributed import Client, Worker, get_worker
 
-    from daskrl.worker import _weights_cache as weights_cache
-    from daskrl.worker._weights_cache import WeightsCache
+    from daskrl.weights import _cache as weights_cache
+    from daskrl.weights._cache import WeightsCache
 
     attach = WeightsCache.attach
 

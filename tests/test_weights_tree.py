@@ -15,9 +15,9 @@ from conftest import gen_cluster
 from test_worker_state import _plugin, _task, _with_tag
 
 from daskrl.weights import snapshot
+from daskrl.weights._cache import weights_name
 from daskrl.weights._tree import tree_hosts, tree_name
 from daskrl.worker._tasks import collect_batch
-from daskrl.worker._weights_cache import weights_name
 
 HOSTS = [(f"127.0.0.{i}", 1) for i in range(1, 6)]
 

@@ -21,12 +21,12 @@ from daskrl.config import CollectorConfig
 from daskrl.errors import CollectorClosedError, EnvError, StreamError, WeightsUnavailableError
 from daskrl.testing import CountingEnv, TagPolicy, check_episode_continuity
 from daskrl.weights import policy_spec, snapshot, weights_layout
+from daskrl.weights._cache import weights_name
 from daskrl.weights._segments import SegmentPool, shared_memory_dir
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._plugin import CollectorPlugin
 from daskrl.worker._stream import StreamSpec, run_stream
 from daskrl.worker._tasks import BatchTask, collect_batch
-from daskrl.worker._weights_cache import weights_name
 
 E, T = 2, 6
 _names = itertools.count()

@@ -40,11 +40,12 @@ from daskrl.errors import CollectorClosedError, UsageError
 from daskrl.loggers._protocol import LoggerLike
 from daskrl.store._handles import BatchHandle
 from daskrl.store._store import TrajectoryStore
+from daskrl.weights._cache import WeightsRef
 from daskrl.weights._in_store import StoreWeightsWriter
-from daskrl.weights._publish import WeightsPublisher
+from daskrl.weights._publish import Preloads, WeightsPublisher
 from daskrl.weights._snapshot import PolicyLike
 from daskrl.worker._envs import EnvLike
-from daskrl.worker._weights_cache import WeightsRef
+from daskrl.worker._tasks import preload_shared_weights, preload_weights
 
 if TYPE_CHECKING:  # typing.Unpack is new in Python 3.11; daskrl supports 3.10
     from typing_extensions import Unpack
@@ -159,6 +160,7 @@ class Collector:
         in_store = (StoreWeightsWriter(self._store.backend, self._store.url, self._id)
                     if cfg.weights_in_store else None)
         self._weights = WeightsPublisher(client, self._plugin_name, self._id,
+                                         Preloads(preload_weights, preload_shared_weights),
                                          shared_memory=cfg.shared_memory, in_store=in_store)
         self._finalizer = weakref.finalize(self, finalize, client, own, self._asynchronous,
                                            self._plugin_name, self._weights, cfg.call_timeout)

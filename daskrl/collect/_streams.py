@@ -34,9 +34,9 @@ from daskrl.collect._planner import Placement, stream_placement
 from daskrl.collect._supervisor import Workers
 from daskrl.errors import StreamError
 from daskrl.store._handles import BatchHandle
+from daskrl.weights._cache import WeightsRef
 from daskrl.worker._stream import StreamSpec, batch_message, run_stream
 from daskrl.worker._tasks import BatchTask
-from daskrl.worker._weights_cache import WeightsRef
 
 __all__ = ["Inbox", "StreamSet"]
 

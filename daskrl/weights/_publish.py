@@ -17,21 +17,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Iterable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 from distributed import Client, Future
 
 from daskrl.errors import ClusterTimeoutError, InternalError, PolicyError, WeightsNotSharedError
+from daskrl.weights._cache import IN_PROCESS_WEIGHTS, WeightsRef, weights_name
 from daskrl.weights._in_store import StoreWeightsWriter
 from daskrl.weights._segments import SegmentPool, SharedWeights
 from daskrl.weights._snapshot import WeightsSnapshot, snapshot, weights_layout
 from daskrl.weights._tree import tree_enabled, tree_hosts, tree_name
-from daskrl.worker._tasks import preload_shared_weights, preload_weights
-from daskrl.worker._weights_cache import IN_PROCESS_WEIGHTS, WeightsRef, weights_name
 
-__all__ = ["Cluster", "WeightsPublisher"]
+__all__ = ["Cluster", "Preloads", "WeightsPublisher"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +47,15 @@ class Cluster(Protocol):
     async def wait_each(self, futures: dict[str, Future], what: str) -> dict[str, Future]: ...
 
 
+class Preloads(NamedTuple):
+    """The worker-side calls that load a version on every worker now (the worker layer's,
+    given by the collector): ``task(plugin_name, version, ref)``, a task; ``shared(plugin_name,
+    version, manifest, dask_worker)``, for ``Client.run``, from shared memory."""
+
+    task: Callable[..., Any]
+    shared: Callable[..., Any]
+
+
 class WeightsPublisher:
     """Every weights version of one collector, from snapshot to unpublish.
 
@@ -55,11 +63,13 @@ class WeightsPublisher:
     a worker still maps) until a worker cannot read it. ``in_store``: every version is written
     to the store instead (the learner's writer of it), and no version goes through Dask.
     ``in_process``: some workers share the learner's process and read its snapshots in place.
+    ``preloads``: how ``wait=True`` loads a version on every worker.
     """
 
-    def __init__(self, client: Client, plugin_name: str, key_prefix: str, *,
-                 shared_memory: bool, in_store: StoreWeightsWriter | None = None) -> None:
+    def __init__(self, client: Client, plugin_name: str, key_prefix: str, preloads: Preloads,
+                 *, shared_memory: bool, in_store: StoreWeightsWriter | None = None) -> None:
         self.client = client
+        self.preloads = preloads
         self.plugin_name = plugin_name
         self.key_prefix = key_prefix
         self.in_process = False
@@ -183,7 +193,7 @@ class WeightsPublisher:
             try:
                 results = await cluster.bounded(
                     "loading weights from shared memory",
-                    self.client.run(preload_shared_weights, self.plugin_name, version, weights,
+                    self.client.run(self.preloads.shared, self.plugin_name, version, weights,
                                     workers=live, on_error="return"))
             except ClusterTimeoutError as e:  # a worker did not answer: tasks, one by one
                 logger.warning("%s; loading version %d with tasks instead", e, version)
@@ -197,7 +207,7 @@ class WeightsPublisher:
                 await self.stop_sharing(errors[0], cluster)
             weights = self.ref(version)
         futures = {
-            w: self.client.submit(preload_weights, self.plugin_name, version, weights,
+            w: self.client.submit(self.preloads.task, self.plugin_name, version, weights,
                                   key=f"daskrl-preload-{self.key_prefix}-{version}-{w}",
                                   workers=[w], pure=False)
             for w in sorted(await cluster.refresh(force=True))

@@ -5,7 +5,7 @@ replacement workers included.  Its ``setup`` sets ``env_vars`` and names the wor
 (the device, the policy and the weights version loaded in it, one
 :class:`~daskrl.worker._rollout.EnvSet` per stream, the store) lives until ``teardown``, when
 the collector closes.  What tasks do with that state is in :mod:`daskrl.worker._tasks`; how
-weights versions get into the policy is in :mod:`daskrl.worker._weights_cache`.
+weights versions get into the policy is in :mod:`daskrl.weights._cache`.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from daskrl._process import process_token
 from daskrl.config import CollectorConfig
 from daskrl.errors import CollectorClosedError
 from daskrl.store._store import TrajectoryStore
+from daskrl.weights._cache import WeightsCache, WeightsRef
 from daskrl.weights._snapshot import PolicySpec
 from daskrl.worker._devices import DeviceSetting, resolve_device
 from daskrl.worker._envs import EnvSpec, apply_env_vars, check_may_start_processes
 from daskrl.worker._rollout import EnvSet
 from daskrl.worker._threads import size_torch_threads
 from daskrl.worker._vector import VectorEnvSet, make_envset
-from daskrl.worker._weights_cache import WeightsCache, WeightsRef
 
 __all__ = ["CollectorPlugin", "collector_plugin"]
 

@@ -34,11 +34,11 @@ from distributed.comm import CommClosedError, connect
 from distributed.protocol import to_serialize
 from distributed.utils import sync
 
+from daskrl._distributed import running_task_cancelled, this_worker
 from daskrl.errors import CollectorClosedError, StreamError
-from daskrl.worker._distributed import running_task_cancelled, this_worker
+from daskrl.weights._cache import WeightsRef
 from daskrl.worker._plugin import CollectorPlugin, collector_plugin
 from daskrl.worker._tasks import BatchTask, collect_batch
-from daskrl.worker._weights_cache import WeightsRef
 
 __all__ = ["CONNECT_TIMEOUT_S", "StreamSpec", "run_stream"]
 

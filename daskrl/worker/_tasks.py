@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from distributed import Worker
 
+from daskrl._distributed import running_task_cancelled, this_worker
 from daskrl.errors import BatchTimeoutError, EnvError, EnvInfoError, PolicyError, StoreError
 from daskrl.store._handles import BatchHandle
+from daskrl.weights._cache import WeightsRef
 from daskrl.weights._segments import SharedWeights
-from daskrl.worker._distributed import running_task_cancelled, this_worker
 from daskrl.worker._plugin import CollectorPlugin, collector_plugin
-from daskrl.worker._weights_cache import WeightsRef
 
 __all__ = ["BatchTask", "collect_batch", "preload_shared_weights", "preload_weights", "probe_store", "with_weights"]
 
@@ -42,7 +42,7 @@ class BatchTask:
     random_steps: int
     weights_version: int
     weights: WeightsRef
-    """Where the weights version is (see :data:`~daskrl.worker._weights_cache.WeightsRef`)."""
+    """Where the weights version is (see :data:`~daskrl.weights._cache.WeightsRef`)."""
     env: int = 0
     """The env index the stream collects (its entry of the collection's envs)."""
     newest_ok: bool = False

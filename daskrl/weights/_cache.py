@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from distributed import Client, Future, Worker
 
+from daskrl._distributed import local_data, this_worker, worker_client
 from daskrl.errors import WeightsNotSharedError, WeightsUnavailableError
 from daskrl.weights._host_copies import HostCopies
 from daskrl.weights._in_store import StoreWeights, read_store_weights
@@ -28,7 +29,6 @@ from daskrl.weights._segments import SharedWeights
 from daskrl.weights._shared_reader import SharedWeightsReader
 from daskrl.weights._snapshot import WeightsSnapshot, load_weights
 from daskrl.weights._tree import fetch_from_tree, serve_weights, stop_serving, tree_name
-from daskrl.worker._distributed import local_data, this_worker, worker_client
 
 if TYPE_CHECKING:
     from daskrl.store._store import TrajectoryStore
