@@ -11,12 +11,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
+from daskrl._settings import (
+    DeviceSetting,
+    WrapperSpec,
+    check_device_setting,
+    check_env_vars,
+    check_info_keys,
+    parse_wrappers,
+)
 from daskrl.errors import ConfigError
 from daskrl.store._format.compression import Compression
-from daskrl.worker._devices import DeviceSetting, check_device_setting
-from daskrl.worker._envs import check_env_vars
-from daskrl.worker._infos import check_info_keys
-from daskrl.worker._wrappers import WrapperSpec, parse_wrappers
 
 __all__ = ["REMOVED_OPTIONS", "CollectorConfig", "CollectorOptions", "Compression",
            "check_option_names", "check_seconds"]

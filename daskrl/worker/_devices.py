@@ -10,42 +10,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from daskrl._settings import DeviceSetting
 from daskrl.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEVICE_ENV_VAR", "DeviceSetting", "check_device_setting", "resolve_device"]
+__all__ = ["DEVICE_ENV_VAR", "resolve_device"]
 
-if TYPE_CHECKING:
-    DeviceSetting = str | torch.device | Mapping[str, str]
-else:  # torch is imported where a device is checked, not with this module (the CLI's start)
-    DeviceSetting = Any
 DEVICE_ENV_VAR = "DASKRL_DEVICE"
 
 
-def check_device_setting(device: DeviceSetting) -> DeviceSetting:
-    """Validate a device setting on the learner (syntax only: workers have their own devices)."""
-    if isinstance(device, Mapping):
-        out = {}
-        for name, d in device.items():
-            out[str(name)] = str(check_device_setting(d))
-        return out
-    text = str(device)
-    if text == "auto":
-        return text
-    import torch
-
-    try:
-        torch.device(text)
-    except (RuntimeError, TypeError) as e:
-        raise ConfigError(
-            f"device {device!r} is not a torch device; use 'auto', 'cpu', 'cuda', 'cuda:N', "
-            "'mps', or a mapping {worker name: device}."
-        ) from e
-    return text
 
 
 def _auto() -> torch.device:

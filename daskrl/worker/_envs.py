@@ -299,16 +299,6 @@ def apply_env_vars(env_vars: Mapping[str, str]) -> None:
         os.environ[k] = str(v)
 
 
-def check_env_vars(env_vars: Mapping[str, Any]) -> dict[str, str]:
-    """Validate ``env_vars``: string names, values that can be strings."""
-    out = {}
-    for k, v in env_vars.items():
-        if not k or "=" in k:
-            raise ConfigError(f"env_vars has an invalid variable name {k!r}.")
-        if not isinstance(v, (str, int, float)) or isinstance(v, bool):
-            raise ConfigError(f"env_vars[{k!r}] must be a string or number, got {v!r}.")
-        out[k] = str(v)
-    return out
 
 
 def space_dtype(space: gym.Space) -> np.dtype:

@@ -26,7 +26,7 @@ import numpy as np
 from daskrl._nested import MAX_DEPTH, join
 from daskrl.errors import EnvInfoError
 
-__all__ = ["EPISODE_KEY", "INFO", "InfoRecorder", "InfoSpecs", "check_info_keys"]
+__all__ = ["EPISODE_KEY", "INFO", "InfoRecorder", "InfoSpecs"]
 
 INFO = "info"
 """The group info entries are stored under."""
@@ -38,19 +38,6 @@ InfoSpecs = dict[str, dict[str, tuple[tuple[int, ...], np.dtype]]]
 sub-entry's path for a dict entry), as first reported (kept by the env set across batches)."""
 
 
-def check_info_keys(keys: Any) -> tuple[str, ...]:
-    """``info_keys`` as a tuple of distinct names, each an identifier that does not start with
-    ``_`` (``_<key>`` names the masks); raises :class:`ValueError` saying what is wrong."""
-    if isinstance(keys, str):
-        keys = (keys,)
-    if not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) for k in keys):
-        raise ValueError(f"info_keys must be a sequence of strings, got {keys!r}")
-    for k in keys:
-        if not k.isidentifier() or k.startswith("_"):
-            raise ValueError(
-                f"info_keys has {k!r}: info keys name stored arrays info/<key> (their masks "
-                "info/_<key>), so each must be a Python identifier not starting with '_'")
-    return tuple(dict.fromkeys(keys))
 
 
 class InfoRecorder:

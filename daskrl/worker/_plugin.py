@@ -21,12 +21,13 @@ import torch
 from distributed import Worker, WorkerPlugin
 
 from daskrl._process import process_token
+from daskrl._settings import DeviceSetting
 from daskrl.config import CollectorConfig
 from daskrl.errors import CollectorClosedError
 from daskrl.store._store import TrajectoryStore
 from daskrl.weights._cache import WeightsCache, WeightsRef
 from daskrl.weights._snapshot import PolicySpec
-from daskrl.worker._devices import DeviceSetting, resolve_device
+from daskrl.worker._devices import resolve_device
 from daskrl.worker._envs import EnvSpec, apply_env_vars, check_may_start_processes
 from daskrl.worker._rollout import EnvSet
 from daskrl.worker._threads import size_torch_threads

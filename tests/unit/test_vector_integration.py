@@ -17,6 +17,7 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from daskrl import ConfigError, ResumeMismatchError, WrapperError
+from daskrl._settings import parse_wrappers
 from daskrl.collect._env_list import resolve_envs
 from daskrl.collect._resume import check_settings, run_settings
 from daskrl.config import CollectorConfig
@@ -31,7 +32,6 @@ from daskrl.testing import (
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._rollout import EnvSet
 from daskrl.worker._vector import VectorEnvSet
-from daskrl.worker._wrappers import parse_wrappers
 
 CPU = torch.device("cpu")
 MODES = ("NextStep", "SameStep", "Disabled")

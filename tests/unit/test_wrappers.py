@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from daskrl import ConfigError, EnvError, WrapperError
+from daskrl._settings import WrapperSpec, parse_wrapper, parse_wrappers
 from daskrl.config import CollectorConfig
 from daskrl.testing import CountingEnv
 from daskrl.worker._envs import EnvSpec
-from daskrl.worker._wrappers import WrapperSpec, parse_wrapper, parse_wrappers
 
 FRAME_STACK = "gymnasium.wrappers.FrameStackObservation"
 

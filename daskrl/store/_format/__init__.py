@@ -13,14 +13,42 @@ sources), ``_limits`` (limits and thresholds), ``local_io`` (safe local file I/O
 the store for its documents).  ``docs/store-format.md`` describes the format.
 """
 
-from daskrl.store._format._limits import ReadLimits
-from daskrl.store._format._source import ByteSource, BytesSource, FileSource, ShortReadError
-from daskrl.store._format.allowlist import ArrayLayout
-from daskrl.store._format.encode import EncodedBatch, encode_batch
-from daskrl.store._format.index import BatchIndex, read_index
-from daskrl.store._format.read import ChunkRead, read_batch
-from daskrl.store._format.zip_container import ZipFormatError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from daskrl.store._format._limits import ReadLimits
+    from daskrl.store._format._source import ByteSource, BytesSource, FileSource, ShortReadError
+    from daskrl.store._format.allowlist import ArrayLayout
+    from daskrl.store._format.encode import EncodedBatch, encode_batch
+    from daskrl.store._format.index import BatchIndex, read_index
+    from daskrl.store._format.read import ChunkRead, read_batch
+    from daskrl.store._format.zip_container import ZipFormatError
 
 __all__ = ["ArrayLayout", "BatchIndex", "ByteSource", "BytesSource", "ChunkRead", "EncodedBatch",
            "FileSource", "ReadLimits", "ShortReadError", "ZipFormatError", "encode_batch",
            "read_batch", "read_index"]
+
+# Imported on first use (PEP 562), so that a light submodule (``compression``, which
+# ``daskrl.config`` re-exports) does not bring numcodecs and the reader with it.
+_LAZY = {"ReadLimits": "_limits", "ByteSource": "_source", "BytesSource": "_source",
+         "FileSource": "_source", "ShortReadError": "_source", "ArrayLayout": "allowlist",
+         "EncodedBatch": "encode", "encode_batch": "encode", "BatchIndex": "index",
+         "read_index": "index", "ChunkRead": "read", "read_batch": "read",
+         "ZipFormatError": "zip_container"}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
