@@ -38,11 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-THREADS_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-               "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"),
-                                              str(ROOT / "tests"),
-                                              os.environ.get("PYTHONPATH", "")])}
+from bench_simulate import THREADS_ENV  # noqa: E402  (the processes' environment)
 
 
 def learner(address: str, store: str, mib: float, versions: int,

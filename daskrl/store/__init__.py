@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from daskrl._lazy import lazy_names
 
 if TYPE_CHECKING:
     from daskrl.store._dataset import ReplayDataset, TransitionDataset
@@ -24,16 +25,4 @@ _LAZY = {"ReplayDataset": "_dataset", "TransitionDataset": "_dataset", "Episode"
          "GroupShuffleSampler": "_samplers", "FORMAT_VERSION": "_store",
          "TrajectoryStore": "_store", "open_store": "_store"}
 
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

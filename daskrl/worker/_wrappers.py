@@ -77,17 +77,7 @@ def resolve_wrapper(spec: WrapperSpec) -> Callable[..., Any]:
 
 def apply_wrapper(spec: WrapperSpec, env: gym.Env, env_name: str) -> gym.Env:
     """``wrapper(env, **kwargs)``, checked (raises :class:`WrapperError`)."""
-    wrapper = resolve_wrapper(spec)
-    try:
-        wrapped = wrapper(env, **dict(spec.kwargs))
-    except Exception as e:
-        raise WrapperError(
-            f"wrapper {spec.text!r} failed on env {env_name}: {type(e).__name__}: {e}. "
-            "Check its KEY=VALUE arguments and that it suits the env's spaces.") from e
-    if not isinstance(wrapped, gym.Env):
-        raise WrapperError(f"wrapper {spec.text!r} returned a {type(wrapped).__name__} for "
-                           f"env {env_name}, expected a gymnasium.Env (a gymnasium.Wrapper).")
-    return wrapped
+    return _call(spec, env, f"env {env_name}", gym.Env, "a gymnasium.Env (a gymnasium.Wrapper)")
 
 
 def wraps_vector_envs(spec: WrapperSpec) -> bool:
@@ -99,18 +89,24 @@ def wraps_vector_envs(spec: WrapperSpec) -> bool:
 def apply_vector_wrapper(spec: WrapperSpec, env: gym.vector.VectorEnv,
                          env_name: str) -> gym.vector.VectorEnv:
     """``wrapper(env, **kwargs)`` of a vector wrapper, checked."""
+    return _call(spec, env, f"vector env {env_name}", gym.vector.VectorEnv,
+                 "a gymnasium.vector.VectorEnv")
+
+
+def _call(spec: WrapperSpec, env: Any, what: str, kind: type, expected: str) -> Any:
+    """``wrapper(env, **kwargs)``: its error, or a result that is not a ``kind``, is a
+    :class:`WrapperError` naming the wrapper and ``what`` it wrapped."""
     wrapper = resolve_wrapper(spec)
     try:
         wrapped = wrapper(env, **dict(spec.kwargs))
     except Exception as e:
         raise WrapperError(
-            f"wrapper {spec.text!r} failed on vector env {env_name}: {type(e).__name__}: "
-            f"{e}. Check its KEY=VALUE arguments and that it suits the env's spaces.") from e
-    if not isinstance(wrapped, gym.vector.VectorEnv):
+            f"wrapper {spec.text!r} failed on {what}: {type(e).__name__}: {e}. Check its "
+            "KEY=VALUE arguments and that it suits the env's spaces.") from e
+    if not isinstance(wrapped, kind):
         raise WrapperError(f"wrapper {spec.text!r} returned a {type(wrapped).__name__} for "
-                           f"vector env {env_name}, expected a gymnasium.vector.VectorEnv.")
+                           f"{what}, expected {expected}.")
     return wrapped
-
 
 
 def _wrap_one(spec: WrapperSpec, env_name: str, env: gym.Env) -> gym.Env:

@@ -15,8 +15,9 @@ the store for its documents).  ``docs/store-format.md`` describes the format.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from daskrl._lazy import lazy_names
 
 if TYPE_CHECKING:
     from daskrl.store._format._limits import ReadLimits
@@ -39,16 +40,4 @@ _LAZY = {"ReadLimits": "_limits", "ByteSource": "_source", "BytesSource": "_sour
          "read_index": "index", "ChunkRead": "read", "read_batch": "read",
          "ZipFormatError": "zip_container"}
 
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
