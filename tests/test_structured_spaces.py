@@ -104,7 +104,9 @@ def test_dict_batches_read_with_zarr_alone_and_as_views(goal_store):
                 assert np.array_equal(arr[...], batch[key][name].numpy()), (key, name)
         assert np.array_equal(group["action/force"][...], batch["action"]["force"].numpy())
         assert group.attrs["batch_id"] == h.batch_id
-    td = h.load(as_tensordict=True)
+    from daskrl.integrations.torchrl import to_tensordict
+
+    td = to_tensordict(h.load())
     assert td.batch_size == torch.Size([7, 3])
     assert torch.equal(td["observation", "desired_goal"], batch["observation"]["desired_goal"])
     from daskrl.integrations.torchrl import to_torchrl

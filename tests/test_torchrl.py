@@ -19,7 +19,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 import daskrl
-from daskrl.integrations.torchrl import extend_replay_buffer, to_torchrl
+from daskrl.integrations.torchrl import extend_replay_buffer, to_tensordict, to_torchrl
 from daskrl.testing import CountingEnv
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._rollout import EnvSet
@@ -233,7 +233,7 @@ def test_ppo_loss_trains_on_env_first_batches_with_gae(client, tmp_path):
     with daskrl.Collector("CartPole-v1", policy, str(tmp_path / "s"), client=client,
                           envs_per_worker=2, frames_per_batch=64, total_frames=256) as collector:
         for handle in collector:
-            batch = handle.load(as_tensordict=True)
+            batch = to_tensordict(handle.load())
             td = to_torchrl(batch, env_first=True)  # GAE runs along the last batch dim: time
             assert td.batch_size == (2, 32) and td["log_prob"].shape == (2, 32)
             with torch.no_grad():

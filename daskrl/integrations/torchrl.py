@@ -123,8 +123,7 @@ def to_tensordict(batch: Mapping[str, torch.Tensor], *, batch_size: Sequence[int
 
     The same tensors under the same keys (the arrays of a Dict or Tuple space and of ``info``
     nested: ``td["observation", "desired_goal"]``, ``td["observation", "0"]``); ``device`` sets the TensorDict's device (moving tensors that are elsewhere).
-    ``batch_size`` defaults to the arrays' shared ``(T, E)``.  ``handle.load(as_tensordict=True)``
-    is ``to_tensordict(handle.load())``.
+    ``batch_size`` defaults to the arrays' shared ``(T, E)``.
     """
     td_class = tensordict_class()
     arrays = _tensors(batch, "to_tensordict")
@@ -156,8 +155,8 @@ def to_torchrl(batch: Mapping[str, torch.Tensor] | TensorDict, *, env_first: boo
                device: torch.device | str | None = None) -> TensorDict:
     """A batch in the layout of TorchRL's collectors: a TensorDict with ``("next", ...)`` keys.
 
-    ``batch`` is what :meth:`~daskrl.BatchHandle.load` returns (also with
-    ``as_tensordict=True``). Keys: ``observation``, ``action``, ``("next", "observation")``,
+    ``batch`` is what :meth:`~daskrl.BatchHandle.load` returns (or its :func:`to_tensordict`).
+    Keys: ``observation``, ``action``, ``("next", "observation")``,
     ``("next", "reward")``, ``("next", "terminated")``, ``("next", "truncated")``, ``("next",
     "done")`` (``terminated | truncated``), the root ``done``/``terminated``/``truncated`` (all
     False, as a collector's), ``step_count`` and ``("next", "step_count")`` (from ``step``),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,7 +19,6 @@ from daskrl.errors import StoreOptionsRequiredError, UsageError
 
 if TYPE_CHECKING:
     import xarray
-    from tensordict import TensorDict
 
     from daskrl.store._store import TrajectoryStore
 
@@ -117,24 +116,6 @@ class BatchHandle:
         """Frames per second of the rollout on its worker (store writes excluded)."""
         return self.frames / self.rollout_seconds if self.rollout_seconds > 0 else float("nan")
 
-    @overload
-    def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
-             storage_options: Mapping[str, Any] | None = None, *,
-             store: TrajectoryStore | None = None, as_tensordict: Literal[False] = False,
-             ) -> dict[str, Any]: ...
-
-    @overload
-    def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
-             storage_options: Mapping[str, Any] | None = None, *,
-             store: TrajectoryStore | None = None, as_tensordict: Literal[True],
-             ) -> TensorDict: ...
-
-    @overload
-    def load(self, device: torch.device | str | None = None, keys: Sequence[str] | None = None,
-             storage_options: Mapping[str, Any] | None = None, *,
-             store: TrajectoryStore | None = None, as_tensordict: bool,
-             ) -> dict[str, Any] | TensorDict: ...
-
     def load(
         self,
         device: torch.device | str | None = None,
@@ -142,8 +123,8 @@ class BatchHandle:
         storage_options: Mapping[str, Any] | None = None,
         *,
         store: TrajectoryStore | None = None,
-        as_tensordict: bool = False,
-    ) -> dict[str, Any] | TensorDict:
+        **removed: Any,
+    ) -> dict[str, Any]:
         """Read the batch from the store as ``{key: tensor [T, E, ...]}`` on ``device``.
 
         The arrays of a ``Dict`` or ``Tuple`` space and of ``info`` come nested:
@@ -157,22 +138,12 @@ class BatchHandle:
         they are given as ``storage_options``.  A store that needs none (a local path) is
         opened from the handle's URL.
 
-        ``as_tensordict=True``: the same tensors as one ``tensordict.TensorDict`` of batch size
-        ``[T, E]`` (the ``daskrl[torchrl]`` extra; TorchRL's layout:
-        :func:`daskrl.integrations.torchrl.to_torchrl`).
+        As one ``tensordict.TensorDict``:
+        ``daskrl.integrations.torchrl.to_tensordict(handle.load())`` (the ``daskrl[torchrl]``
+        extra; TorchRL's layout: :func:`daskrl.integrations.torchrl.to_torchrl`).
         """
-        if not as_tensordict:
-            return self._load(device, keys, storage_options, store)
-        from daskrl.integrations.torchrl import tensordict_class, to_tensordict
-
-        tensordict_class()  # a missing extra fails before any read
-        size = self.shape if self.shape != (0, 0) else None
-        return to_tensordict(self._load(device, keys, storage_options, store), batch_size=size,
-                             device=device)
-
-    def _load(self, device: torch.device | str | None, keys: Sequence[str] | None,
-              storage_options: Mapping[str, Any] | None, store: TrajectoryStore | None,
-              ) -> dict[str, Any]:
+        if removed:
+            _refuse_removed(removed)
         return self._store_for(
             store, storage_options,
             ". Load it through its store: handle.load(store=collector.store) or "
@@ -245,4 +216,14 @@ class BatchHandle:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(BatchHandle))
+
+
+def _refuse_removed(arguments: Mapping[str, Any]) -> None:
+    """Say what replaced a keyword ``load`` no longer takes, or that it takes no such one."""
+    if "as_tensordict" in arguments:
+        raise UsageError(
+            "handle.load(as_tensordict=True) was removed (the store does not depend on its "
+            "integrations): use daskrl.integrations.torchrl.to_tensordict(handle.load(...)), "
+            "which gives the same TensorDict.")
+    raise TypeError(f"BatchHandle.load() got unexpected keyword arguments {sorted(arguments)}")
 _WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(BatchHandle) if f.name != "_store_object")

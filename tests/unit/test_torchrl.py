@@ -45,22 +45,26 @@ def _store(tmp_path, batches: int = 2, max_steps: int | None = None) -> Trajecto
     return store
 
 
-def test_load_as_tensordict_holds_the_tensors_of_a_dict_load(tmp_path):
+def test_to_tensordict_holds_the_tensors_of_a_dict_load(tmp_path):
     from tensordict import TensorDict
 
     store = _store(tmp_path)
     handle = store.handle(1)
     batch = handle.load()
-    td = handle.load(as_tensordict=True)
+    td = to_tensordict(handle.load())
     assert isinstance(td, TensorDict)
     assert td.batch_size == (T, E) and td.device is None
     assert set(td.keys()) == set(batch) >= {"observation", "next_observation", "tag"}
     for key, tensor in batch.items():
         assert td[key].dtype == tensor.dtype and torch.equal(td[key], tensor), key
     # keys= and device= as for a dict load
-    some = handle.load(keys=["reward", "step"], device="cpu", as_tensordict=True)
+    some = to_tensordict(handle.load(keys=["reward", "step"], device="cpu"), device="cpu")
     assert set(some.keys()) == {"reward", "step"} and some.device == torch.device("cpu")
-    assert to_tensordict(batch).batch_size == (T, E)
+    # The flag that did this in the store is gone, and says what replaced it.
+    with pytest.raises(UsageError, match=re.escape("to_tensordict(handle.load(...))")):
+        handle.load(as_tensordict=True)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        handle.load(as_tensor=True)
 
 
 def test_torchrl_layout_of_real_transitions(tmp_path):
@@ -90,7 +94,7 @@ def test_torchrl_layout_of_real_transitions(tmp_path):
     assert torch.equal(td["collector", "traj_ids"], batch["episode_id"])
     assert torch.equal(td["action"], batch["action"]) and torch.equal(td["tag"], batch["tag"])
     # env-first: [E, T], contiguous, the same data transposed
-    ef = to_torchrl(store.handle(1).load(as_tensordict=True), env_first=True)
+    ef = to_torchrl(to_tensordict(store.handle(1).load()), env_first=True)
     assert ef.batch_size == (E, T)
     for key in td.keys(True, True):
         assert ef[key].is_contiguous() and torch.equal(ef[key], td[key].transpose(0, 1)), key
@@ -167,7 +171,7 @@ def test_a_missing_tensordict_names_the_extra_before_anything_is_read(tmp_path, 
     batch = handle.load()
     store.delete_batches([0])  # a read would now raise BatchNotFoundError
     monkeypatch.setitem(sys.modules, "tensordict", None)  # as if it were not installed
-    for call in (lambda: handle.load(as_tensordict=True), lambda: to_tensordict(batch),
+    for call in (lambda: to_tensordict(batch),
                  lambda: to_torchrl(batch), lambda: extend_replay_buffer(_Extendable(), store)):
         with pytest.raises(MissingDependencyError, match=re.escape(INSTALL)) as info:
             call()
