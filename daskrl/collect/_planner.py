@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from daskrl.config import CollectorConfig
 from daskrl.errors import ConfigError
 
-__all__ = ["Placement", "PlannedBatch", "Planner", "stream_placement"]
+__all__ = ["Placement", "PlannedBatch", "Planner", "RoundsAhead", "stream_placement"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,3 +160,37 @@ class Placement:
         self.load[idle] += 1
         self._least = None
         return idle
+
+
+class RoundsAhead:
+    """Sync mode's rule for giving the round after the current one ahead, with it, on the same
+    weights (it is taken back if the learner publishes meanwhile).
+
+    The expectation: before the learner's first publish, a round ahead once it let a round end
+    without publishing; after it, while this version has run fewer rounds than the version
+    before it did (the learner's period). A learner that publishes after every round never
+    gets a round ahead; one that publishes every ``p`` rounds loses one round in all, at its
+    first publish.
+    """
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        """The weights version of the last round started."""
+        self.run_length = 0
+        """Rounds started on :attr:`version`."""
+        self.period: int | None = None
+        """Rounds the version before it ran (None: the learner has not published yet)."""
+
+    def start_round(self, version: int, version_at_last_round_end: int | None) -> bool:
+        """A round starts on weights ``version``; whether to give the next one ahead.
+        ``version_at_last_round_end``: the newest version as the last round's last batch was
+        taken (None: none ended yet)."""
+        if version == self.version:
+            self.run_length += 1
+        else:
+            if self.version is not None:
+                self.period = self.run_length
+            self.version, self.run_length = version, 1
+        if self.period is None:
+            return version_at_last_round_end == version
+        return self.run_length < self.period

@@ -20,7 +20,7 @@ from distributed import Client, Future
 
 from daskrl.collect._env_list import stream_count
 from daskrl.collect._handover import HandOver
-from daskrl.collect._planner import PlannedBatch, Planner
+from daskrl.collect._planner import PlannedBatch, Planner, RoundsAhead
 from daskrl.collect._resume import Resume
 from daskrl.collect._streams import Inbox, StreamSet
 from daskrl.collect._supervisor import HEALTH_CHECK_S, Supervisor, Workers
@@ -75,9 +75,7 @@ class Run:
         self._ahead_version: int | None = None
         self._stale: set[int] = set()  # batch ids of rounds taken back, not yet arrived
         self._round_end_version: int | None = None  # the version as the last round ended
-        self._round_version: int | None = None  # the version of the last round started
-        self._run_length = 0  # rounds started on _round_version
-        self._period: int | None = None  # rounds the version before it ran (None: no publish)
+        self._rounds_ahead = RoundsAhead()
         self.rounds_ahead_dropped = 0
         """Rounds given ahead and taken back because the learner published meanwhile."""
 
@@ -258,23 +256,11 @@ class Run:
         (committed, not handed over, counted in ``dropped_stale``, their frames collected again
         with the new weights; the streams' episodes continue through them).
 
-        The expectation: before the learner's first publish, a round ahead once it let a round
-        end without publishing; after it, while this version has run fewer rounds than the
-        version before it did (the learner's period). A learner that publishes after every
-        round never gets a round ahead; one that publishes every ``p`` rounds loses one round
-        in all, at its first publish.
+        Whether to give the round after it is :class:`~daskrl.collect._planner.RoundsAhead`'s
+        rule.
         """
         version = self.weights.version
-        if version == self._round_version:
-            self._run_length += 1
-        else:
-            if self._round_version is not None:
-                self._period = self._run_length
-            self._round_version, self._run_length = version, 1
-        if self._period is None:
-            ahead = self._round_end_version == version
-        else:
-            ahead = self._run_length < self._period
+        ahead = self._rounds_ahead.start_round(version, self._round_end_version)
         plans, self._ahead = self._ahead, []
         if plans and self._ahead_version != version:
             self._take_back(plans)

@@ -83,3 +83,37 @@ def test_placement_of_many_streams_in_a_row_follows_the_rule():
         for s in range(len(streams)):
             assert placement.worker(s) == _placement_by_definition(by_definition, s, live)
         assert together == by_definition
+
+
+def _rounds_ahead(period: int | None, rounds: int = 24) -> tuple[int, int]:
+    """A learner that publishes after every ``period``-th round (None: never): how many
+    rounds given ahead were used, and how many taken back (the learner had published)."""
+    from daskrl.collect._planner import RoundsAhead
+
+    rule, version, end_version, given_on = RoundsAhead(), 0, None, None
+    used = taken_back = 0
+    for r in range(1, rounds + 1):
+        if given_on is not None:
+            used, taken_back = (used + 1, taken_back) if given_on == version else (
+                used, taken_back + 1)
+        given_on = version if rule.start_round(version, end_version) else None
+        end_version = version  # the round's last batch is taken, then maybe a publish
+        if period is not None and r % period == 0:
+            version += 1
+    return used, taken_back
+
+
+@pytest.mark.parametrize("period", [None, 1, 2, 3, 5])
+def test_rounds_ahead_pay_off_and_cost_one_round_in_all(period):
+    used, taken_back = _rounds_ahead(period, rounds=24)
+    if period is None:  # never publishes: every round after the first two came ahead
+        assert (used, taken_back) == (22, 0)
+        return
+    if period == 1:  # publishes after every round: never given one, so never loses one
+        assert (used, taken_back) == (0, 0)
+        return
+    # One taken back, at the first publish (the period was not known yet). Before it, the
+    # rounds after the first two came ahead; after it, all but each version's first.
+    assert taken_back == 1
+    runs = [min(period, 24 - start) for start in range(0, 24, period)]
+    assert used == (runs[0] - 2) + sum(n - 1 for n in runs[1:])
