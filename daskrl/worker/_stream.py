@@ -19,7 +19,6 @@ Messages, learner to worker: ``{"op": "batch", "t", "w"}`` (:func:`batch_message
 "error", "batch_id", "error"}``. A batch and a handle, one of each per batch, travel as plain
 values (msgpack), not pickled: pickling a handle cost its worker ~0.1-0.3 ms and the
 learner's loads ~0.06 ms, a batch's dumps ~0.07 ms.
-
 """
 
 from __future__ import annotations
@@ -166,8 +165,6 @@ class _Channel:
         except (CommClosedError, OSError):
             return False
         return True
-
-
 
     def close(self) -> None:
         if self.comm is not None and not self.comm.closed():
