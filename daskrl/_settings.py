@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from daskrl.errors import ConfigError, WrapperError
 
-if TYPE_CHECKING:
-    import torch
-
 __all__ = ["DeviceSetting", "WrapperSpec", "check_device_setting", "check_env_vars",
            "check_info_keys", "parse_wrapper", "parse_wrappers"]
 
 if TYPE_CHECKING:
+    import torch
+
     DeviceSetting = str | torch.device | Mapping[str, str]
 else:  # torch is imported where a device is checked, not with this module (the CLI's start)
     DeviceSetting = Any

@@ -210,18 +210,20 @@ class WeightsCache:
 
     def _fetch_sent(self, version: int, name: str, key: str) -> tuple[WeightsSnapshot, str]:
         """Fetch a Dask-sent version: from the parent of this host in its tree (``"tree"``),
-        else from a worker holding it, the seed (``"dask"``)."""
+        else from a worker holding it, the seed (``"dask"``): within ``fetch_timeout`` in
+        all, half of it at most on the tree."""
+        deadline = time.monotonic() + self.fetch_timeout
         tree = self.client().get_dataset(tree_name(name), default=None)
         if tree and self.worker is not None:
             snap = fetch_from_tree(self.worker, self.plugin_name, version, key, tuple(tree),
                                    timeout=self.fetch_timeout / 2)
             if snap is not None:
                 return snap, "tree"
-        return self._fetch(version, name), "dask"
+        return self._fetch(version, name, deadline), "dask"
 
-    def _fetch(self, version: int, name: str) -> WeightsSnapshot:
-        """Fetch the published weights ``name``; wait out a re-publication if they were lost."""
-        deadline = time.monotonic() + self.fetch_timeout
+    def _fetch(self, version: int, name: str, deadline: float) -> WeightsSnapshot:
+        """Fetch the published weights ``name`` by ``deadline`` (``time.monotonic()``); wait
+        out a re-publication if they were lost."""
         client = self.client()
         while True:
             # A published dataset: the scheduler registers this worker's client as wanting the
