@@ -127,7 +127,7 @@ def run(batches: int, minibatch: int, repeats: int, items: int, base: str,
     reads: dict[str, float] = {}
 
     def grouped() -> int:  # a store 4x larger than the cache, each batch read once
-        from daskrl.store import GroupShuffleSampler  # (not in daskrl before batched reads)
+        from daskrl.data import GroupShuffleSampler
 
         ds = daskrl.TransitionDataset(url, KEYS, cache_bytes=small)
         sampler = GroupShuffleSampler(ds, minibatch, resident_batches=max(1, batches // 8))

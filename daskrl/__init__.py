@@ -5,8 +5,8 @@ devices, trajectories land as zarr chunks in any fsspec store, and only small ha
 
 The public surface, by stage of the data flow: weights (:func:`snapshot`), collecting
 (:class:`Collector` and its :class:`CollectorConfig`), the store and its handles
-(:func:`open_store`, :class:`BatchHandle`), reading for a learner (datasets, episodes), and the
-errors.  Where the workers come from is :mod:`daskrl.deploy`.
+(:func:`open_store`, :class:`BatchHandle`), reading for a learner (datasets, episodes:
+:mod:`daskrl.data`), and the errors.  Where the workers come from is :mod:`daskrl.deploy`.
 """
 
 from __future__ import annotations
@@ -72,26 +72,19 @@ _LAZY = {
     "TrajectoryStore": "daskrl.store",
     "open_store": "daskrl.store",
     # reading: what a learner trains from
-    "Episode": "daskrl.store",
-    "ReplayDataset": "daskrl.store",
-    "TransitionDataset": "daskrl.store",
+    "Episode": "daskrl.data",
+    "ReplayDataset": "daskrl.data",
+    "TransitionDataset": "daskrl.data",
 }
-_SUBMODULES = frozenset({"cli", "collect", "config", "deploy", "errors", "integrations",
-                         "loggers", "policies", "store", "testing", "weights", "worker"})
+_SUBMODULES = frozenset({"cli", "collect", "config", "data", "deploy", "errors",
+                         "integrations", "loggers", "policies", "store", "testing", "weights",
+                         "worker"})
 
 if TYPE_CHECKING:
     from daskrl.collect import Collector
     from daskrl.config import CollectorConfig, Compression
-    from daskrl.store import (
-        BatchHandle,
-        Episode,
-        GarbageReport,
-        ReadLimits,
-        ReplayDataset,
-        TrajectoryStore,
-        TransitionDataset,
-        open_store,
-    )
+    from daskrl.data import Episode, ReplayDataset, TransitionDataset
+    from daskrl.store import BatchHandle, GarbageReport, ReadLimits, TrajectoryStore, open_store
     from daskrl.weights import WeightsSnapshot, snapshot
     from daskrl.worker._vector_envs import env_seed
 

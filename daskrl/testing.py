@@ -619,7 +619,7 @@ def check_episode_continuity(store: Any, max_problems: int = 20) -> ContinuityRe
         problems.append(msg)
 
     for bid in ids:
-        b = {k: v.numpy() for k, v in store._load_flat(bid, keys=list(_CONTINUITY_KEYS)).items()}
+        b = {k: v.numpy() for k, v in store.load(bid, keys=list(_CONTINUITY_KEYS), flat=True).items()}
         eid, step = b["episode_id"], b["step"]
         obs, nxt = _rows(b, "observation"), _rows(b, "next_observation")
         done = b["terminated"] | b["truncated"]

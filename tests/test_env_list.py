@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import daskrl
+import daskrl.data
 from daskrl import EnvSpacesMismatchError
 from daskrl.testing import ConstantPolicy, CountingEnv, check_episode_continuity
 
@@ -59,7 +60,7 @@ def test_two_counting_envs_each_batch_is_its_envs(client, tmp_path):
     assert [h.batch_id for h, _ in store.iter_batches(["reward"], env=1)] == ids[1]
     assert len(store.handles(env=[0, 1])) == 8 and store.handles(env=2) == []
     for e, length in ((0, 3), (1, 5)):
-        episodes = list(store.episodes(env=e))
+        episodes = list(daskrl.data.episodes(store, env=e))
         assert episodes and {ep.length for ep in episodes} == {length}
         assert {b for ep in episodes for b in ep.batch_ids} <= set(ids[e])
     # A Minari dataset holds one env: a run of several is refused, naming it.

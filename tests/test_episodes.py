@@ -1,4 +1,4 @@
-"""Episodes across batches: ``store.episodes()`` after deletions, and the continuity checker
+"""Episodes across batches: ``daskrl.data.episodes(store)`` after deletions, and the continuity checker
 (``daskrl.testing.check_episode_continuity``) on real stores and on stores broken on purpose.
 
 The shared store is written on an in-process cluster: the tests that read it are in the
@@ -16,6 +16,7 @@ import torch
 from distributed import Client, LocalCluster
 
 import daskrl
+import daskrl.data
 from daskrl.store import TrajectoryStore
 from daskrl.testing import TagPolicy, check_episode_continuity
 
@@ -57,14 +58,14 @@ def test_a_real_store_is_continuous(store_url):
 @pytest.mark.cluster
 def test_episodes_whose_first_batch_was_deleted_are_incomplete(store_url, tmp_path):
     store = _copy(store_url, tmp_path)
-    before = {e.episode_id: e for e in store.episodes(["step"], complete_only=False)}
+    before = {e.episode_id: e for e in daskrl.data.episodes(store, ["step"], complete_only=False)}
     assert all(e.complete for e in before.values() if e.batch_ids[-1] < 10)
     store.delete_batches([0])  # episodes 0 and 1 of each env started there
-    eps = list(store.episodes(["step", "reward"]))
+    eps = list(daskrl.data.episodes(store, ["step", "reward"]))
     assert eps and all(e.complete for e in eps)
     for ep in eps:
         assert torch.equal(ep.data["step"], torch.arange(EPISODE)) and ep.total_reward == 15.0
-    everything = {e.episode_id: e for e in store.episodes(["reward"], complete_only=False)}
+    everything = {e.episode_id: e for e in daskrl.data.episodes(store, ["reward"], complete_only=False)}
     first = [e for e in everything.values() if e.batch_ids[0] == 1]
     assert len(first) == 2 and not any(e.complete for e in first)
     assert all(e.length == EPISODE - 2 for e in first)  # steps 2, 3, 4 only
@@ -76,12 +77,12 @@ def test_episodes_whose_first_batch_was_deleted_are_incomplete(store_url, tmp_pa
 @pytest.mark.cluster
 def test_episodes_with_a_deleted_middle_batch_are_incomplete(store_url, tmp_path):
     store = _copy(store_url, tmp_path)
-    spanning = [e for e in store.episodes(["step"]) if e.batch_ids[1:-1] == (1,)]
+    spanning = [e for e in daskrl.data.episodes(store, ["step"]) if e.batch_ids[1:-1] == (1,)]
     assert len(spanning) == 2
     store.delete_batches([1])
     ids = {e.episode_id for e in spanning}
-    assert not ids & {e.episode_id for e in store.episodes(["step"])}
-    holed = [e for e in store.episodes(["step"], complete_only=False) if e.episode_id in ids]
+    assert not ids & {e.episode_id for e in daskrl.data.episodes(store, ["step"])}
+    holed = [e for e in daskrl.data.episodes(store, ["step"], complete_only=False) if e.episode_id in ids]
     assert len(holed) == len(spanning) and not any(e.complete for e in holed)
     assert all(e.length == EPISODE - 2 for e in holed)  # steps 0, 1 and 4: batch 1 held 2, 3
 

@@ -141,7 +141,8 @@ def _check_read(url: str, batches: dict[int, dict[str, np.ndarray]], exact: bool
     import warnings
 
     import daskrl
-    from daskrl.store._inspect import summarize
+    import daskrl.data
+    from daskrl.data._inspect import summarize
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", daskrl.StoreRecordWarning)
@@ -150,7 +151,7 @@ def _check_read(url: str, batches: dict[int, dict[str, np.ndarray]], exact: bool
         except daskrl.DaskrlError:
             return
         for call in (store.batch_ids, store.runs, store.skipped_records, lambda: store.frames,
-                     lambda: summarize(store), lambda: list(store.episodes(complete_only=False))):
+                     lambda: summarize(store), lambda: list(daskrl.data.episodes(store, complete_only=False))):
             try:
                 call()
             except daskrl.DaskrlError:

@@ -16,6 +16,7 @@ import torch
 from cli_inprocess import daskrl_main
 
 import daskrl
+import daskrl.data
 from daskrl import EnvInfoError
 from daskrl.testing import InfoCountingEnv, TagPolicy, recorded_cartpole
 
@@ -44,7 +45,7 @@ def test_info_entries_reach_the_store_with_their_masks(client, tmp_path):
         assert torch.equal(info["is_success"], b["terminated"])
     only = store.load(handles[0].batch_id, keys=["info/lives"])
     assert list(only) == ["info"] and list(only["info"]) == ["lives"]
-    ep = next(store.episodes(["info", "reward"]))
+    ep = next(daskrl.data.episodes(store, ["info", "reward"]))
     assert ep.data["info"]["lives"].tolist() == [3, 2, 1, 0]
     assert ep.data["info"]["_is_success"].tolist() == [False, False, False, True]
 
@@ -70,7 +71,7 @@ def test_record_episode_statistics_reach_the_handles(client, tmp_path):
         assert b["info"]["episode"]["r"][mask].tolist() == [r for r, _, _ in h.episode_stats]
         assert b["info"]["episode"]["l"][mask].tolist() == [n for _, n, _ in h.episode_stats]
     recorded = sorted((r, n) for r, n, _ in stats)
-    episodes = sorted((e.total_reward, e.length) for e in store.episodes(["reward"]))
+    episodes = sorted((e.total_reward, e.length) for e in daskrl.data.episodes(store, ["reward"]))
     assert len(recorded) > 10 and recorded == episodes
 
 

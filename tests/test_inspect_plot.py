@@ -15,8 +15,8 @@ from matplotlib.colors import to_rgba
 
 import daskrl
 from daskrl.cli import main as cli_main
+from daskrl.data._plot import plot_figure, plot_returns, run_curves
 from daskrl.store._layout import run_of
-from daskrl.store._plot import plot_figure, plot_returns, run_curves
 from daskrl.testing import TagPolicy
 
 pytestmark = pytest.mark.timeout(240)

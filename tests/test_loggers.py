@@ -25,6 +25,7 @@ from distributed import Client
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import daskrl
+import daskrl.data
 from daskrl import MetricsLoggerWarning
 from daskrl.loggers import METRIC_KEYS, MLflowLogger, TensorBoardLogger, WandbLogger, worker_key
 from daskrl.policies import MLPPolicy
@@ -72,7 +73,7 @@ def _episodes_of(handles) -> list[tuple[int, float, int]]:
 def _store_episodes(url: str) -> collections.Counter:
     """``(return, length)`` of the store's complete episodes, from its own reward arrays."""
     return collections.Counter((e.total_reward, e.length)
-                               for e in daskrl.open_store(url).episodes(keys=["reward"]))
+                               for e in daskrl.data.episodes(daskrl.open_store(url), keys=["reward"]))
 
 
 def _documented_keys(workers) -> set[str]:

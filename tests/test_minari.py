@@ -19,6 +19,7 @@ from cli_inprocess import daskrl_main
 from distributed import Client
 
 import daskrl
+import daskrl.data
 from daskrl.integrations import minari as export_module
 from daskrl.integrations.minari import export_minari
 from daskrl.policies import MLPPolicy
@@ -59,7 +60,7 @@ def store_url(cluster, tmp_path_factory):
 
 
 def _store_episodes(url, runs):
-    return [e for e in daskrl.open_store(url).episodes(complete_only=False)
+    return [e for e in daskrl.data.episodes(daskrl.open_store(url), complete_only=False)
             if run_of(e.batch_ids[0]) in runs]
 
 

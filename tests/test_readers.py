@@ -17,6 +17,7 @@ from distributed import Client, LocalCluster
 from torch.utils.data import DataLoader
 
 import daskrl
+import daskrl.data
 from daskrl.testing import TagPolicy
 
 EPISODE = 5  # CountingEnv: episodes of 5 steps, observation [episode, t], reward t + 1
@@ -86,7 +87,7 @@ def test_load_onto_a_device_one_tensor_per_array(store_url):
 @pytest.mark.cluster
 def test_episodes_are_reassembled_across_batches(store_url):
     store = daskrl.open_store(store_url)
-    eps = list(store.episodes(["observation", "reward", "step"]))
+    eps = list(daskrl.data.episodes(store, ["observation", "reward", "step"]))
     ended = sum(len(r["episode_returns"]) for r in store.records().values())
     assert len(eps) == ended  # run 1 (T=3 < 5, reset each batch) ends none: all cut
     assert len({e.episode_id for e in eps}) == len(eps)
@@ -97,7 +98,7 @@ def test_episodes_are_reassembled_across_batches(store_url):
         assert bool(ep.data["terminated"][-1]) and not ep.data["terminated"][:-1].any()
         assert len(ep.batch_ids) == 2 and ep.batch_ids[0] < ep.batch_ids[1] < RUN1  # T=4 < 5
         assert ep.episode_id // 2**24 <= ep.batch_ids[0]
-    everything = list(store.episodes(["reward"], complete_only=False))
+    everything = list(daskrl.data.episodes(store, ["reward"], complete_only=False))
     cut = [e for e in everything if not e.complete]
     run1_cut = [e for e in cut if e.batch_ids[0] >= RUN1]
     assert len(run1_cut) == 2 * 2 and all(e.length == 3 and len(e.batch_ids) == 1 for e in run1_cut)
@@ -109,21 +110,21 @@ def test_episodes_are_reassembled_across_batches(store_url):
 def test_dask_view(store_url):
     store = daskrl.open_store(store_url)
     loads = {b: store.load(b) for b in store.batch_ids()}
-    frames = store.to_dask(["reward", "observation"])
+    frames = daskrl.data.to_dask(store, ["reward", "observation"])
     assert frames["observation"].shape == (76, 2)
     want = np.concatenate([loads[b]["observation"].numpy().reshape(-1, 2) for b in loads])
     np.testing.assert_array_equal(frames["observation"].compute(), want)
-    time = store.to_dask(["reward"], layout="time")["reward"]
+    time = daskrl.data.to_dask(store, ["reward"], layout="time")["reward"]
     assert time.shape == (4 * 8 + 3 * 2, 2)
     run0 = store.batch_ids()[:8]
-    env = store.to_dask(["step"], layout="env", batch_ids=run0)["step"]
+    env = daskrl.data.to_dask(store, ["step"], layout="env", batch_ids=run0)["step"]
     assert env.shape == (4, 16)
     np.testing.assert_array_equal(env.compute(), np.concatenate(
         [loads[b]["step"].numpy() for b in run0], axis=1))
     with pytest.raises(daskrl.StoreError, match=re.escape("cannot concatenate 'step' along 'env'")):
-        store.to_dask(["step"], layout="env")
+        daskrl.data.to_dask(store, ["step"], layout="env")
     with pytest.raises(daskrl.ConfigError, match=re.escape("layout must be one of")):
-        store.to_dask(layout="batch")
+        daskrl.data.to_dask(store, layout="batch")
 
 
 def test_transition_dataset_epoch_with_two_loader_workers(store_url):

@@ -22,6 +22,7 @@ from cli_cluster import process_group_alive
 from distributed import Client
 
 import daskrl
+import daskrl.data
 from daskrl import Collector, ResumeError, ResumeMismatchError, open_store
 from daskrl.collect._resume import Resume
 from daskrl.store._layout import run_of
@@ -58,7 +59,7 @@ def _check_resumed_store(url: str, before: int) -> None:
     assert read == ids
     report = check_episode_continuity(store)  # continuous within each run's streams
     assert report.transitions == TOTAL
-    episodes = list(store.episodes(["observation", "step"], complete_only=False))
+    episodes = list(daskrl.data.episodes(store, ["observation", "step"], complete_only=False))
     assert len({ep.episode_id for ep in episodes}) == len(episodes)
     assert all(len({run_of(b) for b in ep.batch_ids}) == 1 for ep in episodes)  # none spans runs
     in_order = [run_of(ep.batch_ids[0]) for ep in episodes]

@@ -31,6 +31,7 @@ from cli_cluster import (
 )
 
 import daskrl
+import daskrl.data
 from daskrl import deploy
 from daskrl.cli import main as cli_main
 from daskrl.errors import MissingDependencyError
@@ -123,7 +124,7 @@ def check_collected(url: str, frames: int = FRAMES, per_batch: int = PER_BATCH) 
     assert len(ids) == len(set(ids)) == frames // per_batch
     assert sum(h.frames for h in store) == frames
     spans = 0
-    for ep in store.episodes(complete_only=False):
+    for ep in daskrl.data.episodes(store, complete_only=False):
         d = ep.data
         n = len(d["step"])
         assert torch.equal(d["step"], torch.arange(n)), ep.episode_id  # from reset, no gap

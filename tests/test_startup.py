@@ -97,12 +97,12 @@ def test_embedded_workers_import_their_side_but_nothing_learner_only():
 
         return {m: m in sys.modules for m in ("torch", "daskrl.worker._tasks",
                                               "daskrl.collect._collector",
-                                              "daskrl.store._dataset")}
+                                              "daskrl.data._transitions")}
 
     with local_cluster(1, tls=False) as cluster, Client(cluster, set_as_default=False) as c:
         (seen,) = c.run(modules).values()
     assert seen == {"torch": True, "daskrl.worker._tasks": True,
-                    "daskrl.collect._collector": False, "daskrl.store._dataset": False}, seen
+                    "daskrl.collect._collector": False, "daskrl.data._transitions": False}, seen
 
 
 FACTORY = """

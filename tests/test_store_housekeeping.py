@@ -124,7 +124,7 @@ def test_cli_inspect_gc_and_prune(tmp_path, capsys, monkeypatch):
     assert "garbage:           2 B" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
-    from daskrl.store._inspect import summarize
+    from daskrl.data._inspect import summarize
 
     summary = summarize(daskrl.open_store(url))
     assert summary["bytes_uncompressed"] == 4 * (16 * 2 * 8 * 4 + 16 * 2 * 4 + 16 * 2)
@@ -154,7 +154,7 @@ def test_cli_inspect_gc_and_prune(tmp_path, capsys, monkeypatch):
 def test_summary_json_of_an_empty_store(tmp_path):
     url = str(tmp_path / "s")
     TrajectoryStore(url, read_only=False).initialize()
-    from daskrl.store._inspect import format_summary, summarize
+    from daskrl.data._inspect import format_summary, summarize
 
     s = summarize(daskrl.open_store(url))
     assert s["batches"] == 0 and s["episodes"] == 0 and s["bytes_on_disk"] == 0

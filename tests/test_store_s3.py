@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import daskrl
+import daskrl.data
 from daskrl.store import TrajectoryStore
 from daskrl.testing import TagPolicy
 
@@ -135,9 +136,9 @@ def test_collector_on_s3_then_readers_and_housekeeping(s3, inproc_client):
     batch = store.load(handles[0].batch_id)
     np.testing.assert_array_equal(batch["next_observation"].numpy() - batch["observation"].numpy(),
                                   np.broadcast_to([0.0, 1.0], (6, 2, 2)))
-    eps = list(store.episodes(["reward"]))  # CountingEnv: episodes of 5 steps, rewards 1..5
+    eps = list(daskrl.data.episodes(store, ["reward"]))  # CountingEnv: episodes of 5 steps, rewards 1..5
     assert eps and all(e.length == 5 and e.total_reward == 15.0 for e in eps)
-    frames = store.to_dask(["reward"])["reward"]
+    frames = daskrl.data.to_dask(store, ["reward"])["reward"]
     assert frames.shape == (48,) and float(frames.sum().compute()) == float(
         sum(store.load(b)["reward"].sum() for b in store.batch_ids()))
     # a replay buffer on S3, loaded by two DataLoader worker processes (forked from this

@@ -19,6 +19,7 @@ from distributed import Client
 from zarr.storage import ZipStore
 
 import daskrl
+import daskrl.data
 from daskrl.testing import (
     GoalCountingEnv,
     SpacePolicy,
@@ -79,7 +80,7 @@ def test_dict_batches_round_trip_with_every_value_real(goal_store):
 def test_dict_episodes_across_batches(goal_store):
     url, _ = goal_store
     store = daskrl.open_store(url)
-    episodes = list(store.episodes())
+    episodes = list(daskrl.data.episodes(store))
     assert len(episodes) >= 12 and any(len(e.batch_ids) > 1 for e in episodes)
     for ep in episodes:
         o = ep.data["observation"]["observation"]
@@ -88,7 +89,7 @@ def test_dict_episodes_across_batches(goal_store):
         assert ep.data["next_observation"]["observation"][-1, 1] == LENGTH
         assert ep.data["action"]["force"].shape == (LENGTH, 2)
         assert ep.total_reward == sum(range(1, LENGTH + 1))
-    only = next(store.episodes(["observation/phase"]))
+    only = next(daskrl.data.episodes(store, ["observation/phase"]))
     assert set(only.data) >= {"observation", "episode_id"}
     assert list(only.data["observation"]) == ["phase"]
 
@@ -115,7 +116,7 @@ def test_dict_batches_read_with_zarr_alone_and_as_views(goal_store):
     assert torch.equal(trl["next", "observation", "phase"], batch["next_observation"]["phase"])
     item = daskrl.TransitionDataset(url)[0]
     assert item["observation"]["observation"].shape == (2,) and item["action"]["step"].shape == ()
-    flat = daskrl.open_store(url).to_dask(keys=["observation", "reward"])
+    flat = daskrl.data.to_dask(daskrl.open_store(url), keys=["observation", "reward"])
     assert sorted(flat) == ["observation/achieved_goal", "observation/desired_goal",
                             "observation/last_force", "observation/observation",
                             "observation/phase", "reward"]
@@ -139,7 +140,7 @@ def test_tuple_spaces_round_trip(client, tmp_path):
         assert torch.equal(nxt[1], t)
         assert torch.equal(nxt[2], torch.stack([(t >> k) & 1 for k in range(3)], -1).to(torch.int8))
         assert torch.equal(b["terminated"], t == 3)
-    eps = list(store.episodes())
+    eps = list(daskrl.data.episodes(store))
     assert eps and all(e.length == 3 and isinstance(e.data["observation"], tuple) for e in eps)
     report = check_episode_continuity(store)
     assert report.transitions == 32 and report.ended == len(eps)
@@ -174,7 +175,7 @@ def test_dict_observations_export_to_minari(client, tmp_path, monkeypatch):
     r = export_minari(url, "goal/daskrl-v0", data_path=tmp_path / "d")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "d"))
     dataset = minari.load_dataset("goal/daskrl-v0")
-    episodes = list(daskrl.open_store(url).episodes())
+    episodes = list(daskrl.data.episodes(daskrl.open_store(url)))
     assert r.episodes == dataset.total_episodes == len(episodes) == 4
     for got, ep in zip(dataset.iterate_episodes(), episodes):
         for key in ("observation", "achieved_goal", "desired_goal", "phase"):

@@ -14,6 +14,7 @@ import torch
 from cli_inprocess import daskrl_main
 
 import daskrl
+import daskrl.data
 from daskrl import WrapperError
 from daskrl.testing import ConstantPolicy
 
@@ -65,7 +66,7 @@ def test_wrappers_shape_the_stored_data_and_are_recorded(client, tmp_path):
         check_stacked_counting(data, 3)
         assert not data["terminated"].any()
         np.testing.assert_array_equal(data["truncated"].numpy(), (data["step"] == 6).numpy())
-    episodes = list(store.episodes())
+    episodes = list(daskrl.data.episodes(store))
     assert episodes and {e.length for e in episodes} == {7}
     settings = store.runs()[0]["settings"]
     assert settings["wrappers"] == [f"{TIME_LIMIT}:max_episode_steps=7",

@@ -1,6 +1,6 @@
 """xarray and dask open batches a real Collector wrote (Pendulum: arrays of different trailing
 sizes; CartPole: discrete actions), with xarray alone (``open_zarr`` on a ``ZipStore``) and
-through daskrl's view (``handle.to_xarray()``, ``store.to_xarray()``), computed on the cluster;
+through daskrl's view (``daskrl.data.batch_to_xarray(handle)``, ``daskrl.data.to_xarray(store)``), computed on the cluster;
 every value equals ``handle.load()``'s."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import xarray as xr
 from zarr.storage import ZipStore
 
 import daskrl
+import daskrl.data
 from daskrl.policies import MLPPolicy
 
 pytestmark = pytest.mark.timeout(300)
@@ -29,7 +30,7 @@ def test_xarray_opens_batches_a_collector_wrote(tmp_path, client, env_id):
     with daskrl.Collector(env_id, policy, url, client=client, envs_per_worker=3,
                           frames_per_batch=96, total_frames=384) as collector:
         handles = list(collector)
-        ds0 = handles[0].to_xarray()  # through the collector's store
+        ds0 = daskrl.data.batch_to_xarray(handles[0])  # through the collector's store
     assert len(handles) == 4
     store = daskrl.open_store(url)
     loaded = {h.batch_id: {k: v.numpy() for k, v in h.load().items()} for h in handles}
@@ -51,7 +52,7 @@ def test_xarray_opens_batches_a_collector_wrote(tmp_path, client, env_id):
                 np.testing.assert_array_equal(raw[k].values, want[k], err_msg=k)
                 assert raw[k].dtype == want[k].dtype
         # daskrl's view: lazy, read through the checked reader when computed
-        ds = h.to_xarray(store=store)
+        ds = daskrl.data.batch_to_xarray(h, store=store)
         assert ds.attrs["batch_id"] == h.batch_id
         assert ds.attrs["weights_version"] == h.weights_version
         assert ds["observation"].dims == ("time", "env", "observation_0")
@@ -63,7 +64,7 @@ def test_xarray_opens_batches_a_collector_wrote(tmp_path, client, env_id):
 
     # the whole store, flattened to frames, in batch-id order; which batch each frame came from
     ids = sorted(loaded)
-    full = store.to_xarray()
+    full = daskrl.data.to_xarray(store)
     assert full.sizes["frame"] == 384
     np.testing.assert_array_equal(
         full["batch_id"].values, np.concatenate([np.full(96, b) for b in ids]))
@@ -73,7 +74,7 @@ def test_xarray_opens_batches_a_collector_wrote(tmp_path, client, env_id):
     one = full.isel(frame=(full["batch_id"] == ids[1]).values)  # lazy coordinate: compute it
     np.testing.assert_array_equal(one["step"].values, loaded[ids[1]]["step"].reshape(-1))
     # along time: the same E in every batch
-    by_time = store.to_xarray(["reward", "episode_id"], layout="time")
+    by_time = daskrl.data.to_xarray(store, ["reward", "episode_id"], layout="time")
     T = handles[0].shape[0]
     assert by_time.sizes == {"time": 4 * T, "env": 3}
     np.testing.assert_array_equal(

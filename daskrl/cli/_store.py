@@ -73,8 +73,8 @@ def run_store_command(args: argparse.Namespace) -> int | None:
 
     store = open_store(args.store, args.storage_options, writable=args.command != "inspect")
     if args.command == "inspect":
-        from daskrl.store._inspect import format_summary, summarize
-        from daskrl.store._plot import plot_returns
+        from daskrl.data._inspect import format_summary, summarize
+        from daskrl.data._plot import plot_returns
 
         if args.plot:  # fail on a missing matplotlib before the (slower) summary
             try:

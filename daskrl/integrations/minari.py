@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from daskrl._nested import iter_leaves, tree_map
+from daskrl.data._episodes import iter_episodes
 from daskrl.errors import ConfigError, ExportExistsError, MissingDependencyError
-from daskrl.store._episodes import iter_episodes
 from daskrl.store._layout import run_of
 from daskrl.store._store import TrajectoryStore, open_store
 

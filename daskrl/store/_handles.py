@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
 from daskrl.errors import StoreOptionsRequiredError, UsageError
 
 if TYPE_CHECKING:
-    import xarray
-
     from daskrl.store._store import TrajectoryStore
 
 __all__ = ["BatchHandle"]
@@ -170,24 +168,18 @@ class BatchHandle:
                 f"storage_options, and a handle carries none{hint}")
         return TrajectoryStore(self.store, storage_options)
 
-    def to_xarray(self, keys: Sequence[str] | None = None, *,
-                  store: TrajectoryStore | None = None,
-                  storage_options: Mapping[str, Any] | None = None) -> xarray.Dataset:
-        """The batch as a lazy ``xarray.Dataset`` backed by dask (needs ``daskrl[xarray]``):
-        each array a variable with dimensions ``(time, env, <array>_0, ...)``, read through
-        daskrl's checked reader when computed; attributes ``batch_id``, ``weights_version``,
-        ``worker``, ``device``.  ``store`` and ``storage_options``: as for :meth:`load`."""
-        from daskrl.store._url import normalize_url
+    def reading_store(self, store: TrajectoryStore | None = None,
+                      storage_options: Mapping[str, Any] | None = None) -> TrajectoryStore:
+        """The store :meth:`load` reads this batch from: ``store``, the one the handle came
+        with, or one opened from the handle's URL with ``storage_options``."""
+        return self._store_for(store, storage_options,
+                               ": pass store= (e.g. collector.store) or storage_options=.")
 
-        store = self._store_for(store, storage_options,
-                                ": pass store= (e.g. collector.store) or storage_options=.")
-        if normalize_url(self.store) != store.url:
-            raise UsageError(f"the handle of batch {self.batch_id} belongs to the store "
-                             f"{self.store!r}, not to {store.url!r}.")
-        ds = store.to_xarray(keys, layout="time", batch_ids=[self.batch_id])
-        ds.attrs.update(batch_id=self.batch_id, weights_version=self.weights_version,
-                        worker=self.worker, device=self.device)
-        return ds
+    def to_xarray(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Moved: ``daskrl.data.batch_to_xarray(handle, ...)``, with the same parameters."""
+        raise UsageError("handle.to_xarray(...) moved to the readers' package, which the store "
+                         "does not depend on: use daskrl.data.batch_to_xarray(handle, ...), "
+                         "with the same parameters.")
 
     def record(self) -> dict[str, Any]:
         """Plain-JSON metadata, as stored in the batch's commit record."""

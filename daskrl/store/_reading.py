@@ -88,14 +88,21 @@ class Reader:
     def array_names(self, path: str) -> list[str]:
         return self._batch_index(path, f"batch {path!r}", []).arrays
 
-    def array_layouts(self, bid: int, path: str, names: Sequence[str]) -> dict[str, ArrayLayout]:
-        """Validated layouts of arrays ``names`` of a batch."""
+    def array_layouts(self, bid: int, path: str,
+                      names: Sequence[str] | None) -> dict[str, ArrayLayout] | None:
+        """Validated layouts of arrays ``names`` (None: all) of a committed batch (None if it
+        was deleted since it was listed; :class:`~daskrl.BatchDataMissingError` if it is
+        committed but its data is missing)."""
         where = f"batch {bid} ({path!r})"
         try:
             return self._batch_index(path, where, names).layouts
         except ArrayNotFoundError as e:
             raise ArrayNotFoundError(f"{e.args[0]} (store {self.url!r}) Pass keys= present in "
                                      "every batch.") from None
+        except (BatchDataMissingError, BatchNotFoundError):
+            if self.index.still_committed(bid, path):
+                raise self.index.data_missing(bid, path) from None
+            return None
 
     def sizes(self, bid: int, path: str) -> BatchSizes | None:
         """Bytes of a committed batch's chunks and uncompressed arrays, from its index (None if

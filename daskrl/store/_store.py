@@ -9,7 +9,8 @@ paths:
 
 :class:`TrajectoryStore` is a facade over small parts that share one backend: documents
 (:mod:`._documents`), the root and its format (:mod:`._root`), the commit index (:mod:`._commits`), the writer (:mod:`._writing`), the
-reader (:mod:`._reading`), housekeeping (:mod:`._housekeeping`), episodes and a dask view.
+reader (:mod:`._reading`) and housekeeping (:mod:`._housekeeping`).  What a learner reads
+from it (datasets, episodes, the dask and xarray views) is :mod:`daskrl.data`.
 Credentials (``storage_options``) live on the store object only.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -28,8 +29,7 @@ from daskrl.store._backends import Backend, open_backend
 from daskrl.store._commits import CommitIndex
 from daskrl.store._documents import Documents
 from daskrl.store._env_select import EnvFilter, env_matcher
-from daskrl.store._episodes import Episode, iter_episodes
-from daskrl.store._format import ReadLimits
+from daskrl.store._format import ArrayLayout, ReadLimits
 from daskrl.store._format.compression import Compression
 from daskrl.store._handles import BatchHandle
 from daskrl.store._housekeeping import DEFAULT_GRACE_SECONDS, GarbageReport, Housekeeping
@@ -38,10 +38,6 @@ from daskrl.store._reading import BatchSizes, Reader
 from daskrl.store._root import check_root, create_root
 from daskrl.store._url import check_store_options, normalize_url
 from daskrl.store._writing import Writer
-
-if TYPE_CHECKING:
-    import dask.array
-    import xarray
 
 __all__ = ["BATCH_IDS_PER_RUN", "FORMAT_NAME", "FORMAT_VERSION", "MAX_RUNS", "TrajectoryStore",
            "VersionFilter", "check_store_options", "normalize_url", "open_store"]
@@ -241,6 +237,8 @@ class TrajectoryStore:
         batch: int | BatchHandle,
         device: torch.device | str | None = None,
         keys: Sequence[str] | None = None,
+        *,
+        flat: bool = False,
     ) -> dict[str, Any]:
         """Load a batch (its id, or a :class:`BatchHandle` of this store) as ``{key: tensor
         [T, E, ...]}`` on ``device``.
@@ -248,22 +246,20 @@ class TrajectoryStore:
         The arrays of a ``Dict`` or ``Tuple`` space and of ``info`` come as nested mappings:
         ``batch["observation"]["desired_goal"]``, ``batch["observation"][0]`` (a tuple),
         ``batch["info"]["lives"]``.  ``keys`` name arrays or groups of them (``"observation"``,
-        ``"observation/desired_goal"``, ``"info"``)."""
-        return nest(self._load_flat(batch, device, keys))
-
-    def _load_flat(self, batch: int | BatchHandle, device: torch.device | str | None = None,
-                   keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
-        """:meth:`load` with every array under its name (``"observation/desired_goal"``)."""
+        ``"observation/desired_goal"``, ``"info"``).  ``flat=True``: every array under its
+        name instead, ``{"observation/desired_goal": tensor, ...}``."""
         if isinstance(batch, BatchHandle):
             if normalize_url(batch.store) != self.url:
                 raise UsageError(f"the handle of batch {batch.batch_id} belongs to the store "
                                  f"{batch.store!r}, not to {self.url!r}.")
-            return self._reader.load_path(batch.path, device, keys, batch.batch_id)
-        return self._reader.load_path(self._index.record(batch)["path"], device, keys, None)
+            out = self._reader.load_path(batch.path, device, keys, batch.batch_id)
+        else:
+            out = self._reader.load_path(self._index.record(batch)["path"], device, keys, None)
+        return out if flat else nest(out)
 
     def load_path(
         self, path: str, device: torch.device | str | None = None,
-        keys: Sequence[str] | None = None, batch_id: int | None = None,
+        keys: Sequence[str] | None = None, batch_id: int | None = None, *, flat: bool = False,
     ) -> dict[str, Any]:
         """Load the batch at ``path`` (as named by a commit record): a zip container
         (``.zip``, format 2.x) or a group directory (format 1.x).
@@ -273,9 +269,10 @@ class TrajectoryStore:
         (pinned when ``device`` is CUDA) and moved to ``device`` with one copy.  ``path`` must
         be an attempt ``batches/<id:012d>-<attempt>[.zip]`` (of ``batch_id`` when given);
         anything else is refused (:class:`StoreFormatError`).  Structured arrays come nested,
-        as from :meth:`load`.
+        as from :meth:`load` (each under its name with ``flat=True``).
         """
-        return nest(self._reader.load_path(path, device, keys, batch_id))
+        out = self._reader.load_path(path, device, keys, batch_id)
+        return out if flat else nest(out)
 
     def iter_batches(
         self,
@@ -299,14 +296,9 @@ class TrajectoryStore:
             except BatchNotFoundError:
                 continue
 
-    def episodes(self, keys: Sequence[str] | None = None, *, complete_only: bool = True,
-                 device: torch.device | str | None = None,
-                 env: EnvFilter = None) -> Iterator[Episode]:
-        """Yield whole episodes, reassembled across the batches they span (see
-        :func:`daskrl.store._episodes.iter_episodes` for ``complete_only``); ``env``: only
-        those of the env(s) selected as in :meth:`handles` (a stream collects one env, so its
-        episodes stay whole)."""
-        return iter_episodes(self, keys, complete_only=complete_only, device=device, env=env)
+    def episodes(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Moved: ``daskrl.data.episodes(store, ...)``, with the same parameters."""
+        _moved("episodes")
 
     def array_names(self, path: str) -> list[str]:
         """Names of the arrays of the batch at ``path`` (a container or a 1.x group)."""
@@ -317,22 +309,21 @@ class TrajectoryStore:
         (None if it was deleted since it was listed)."""
         return self._reader.sizes(batch_id, path)
 
-    def to_dask(self, keys: Sequence[str] | None = None, *, layout: str = "frames",
-                batch_ids: Sequence[int] | None = None) -> dict[str, dask.array.Array]:
-        """The store as lazy dask arrays, one block per batch and array (see
-        :func:`daskrl.store._dask_view.to_dask` for ``layout``)."""
-        from daskrl.store._dask_view import to_dask
+    def array_layouts(self, batch_id: int, path: str,
+                      names: Sequence[str] | None = None) -> dict[str, ArrayLayout] | None:
+        """Shape and dtype of arrays ``names`` (default: all) of a committed batch, from its
+        index, each checked against the store format (None if the batch was deleted since it
+        was listed; :class:`~daskrl.BatchDataMissingError` if it is committed but its data is
+        missing, :class:`~daskrl.ArrayNotFoundError` for a name it lacks)."""
+        return self._reader.array_layouts(batch_id, path, names)
 
-        return to_dask(self, self._reader, keys, layout=layout, batch_ids=batch_ids)
+    def to_dask(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Moved: ``daskrl.data.to_dask(store, ...)``, with the same parameters."""
+        _moved("to_dask")
 
-    def to_xarray(self, keys: Sequence[str] | None = None, *, layout: str = "frames",
-                  batch_ids: Sequence[int] | None = None) -> xarray.Dataset:
-        """The store as one lazy ``xarray.Dataset`` backed by dask (needs ``daskrl[xarray]``):
-        :meth:`to_dask`'s arrays with named dimensions and ``batch_id``/``weights_version``
-        coordinates (see :func:`daskrl.store._xarray_view.to_xarray`)."""
-        from daskrl.store._xarray_view import to_xarray
-
-        return to_xarray(self, self._reader, keys, layout=layout, batch_ids=batch_ids)
+    def to_xarray(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Moved: ``daskrl.data.to_xarray(store, ...)``, with the same parameters."""
+        _moved("to_xarray")
 
     # -- housekeeping --------------------------------------------------------------------------
     def attempt_sizes(self) -> dict[str, tuple[int, float]]:
@@ -366,6 +357,12 @@ class TrajectoryStore:
         removed without removing it.
         """
         return self._housekeeping.collect_garbage(older_than, dry_run)
+
+
+def _moved(method: str) -> NoReturn:
+    raise UsageError(f"store.{method}(...) moved to the readers' package, which the store does "
+                     f"not depend on: use daskrl.data.{method}(store, ...), with the same "
+                     "parameters.")
 
 
 def _reopen(url: str, storage_options: Mapping[str, Any], read_only: bool,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from daskrl import ConfigError
-from daskrl.store._batch_cache import BatchCache
+from daskrl.data._batch_cache import BatchCache
 
 
 def _batch(bid: int, T: int = 4, E: int = 3, width: int = 2) -> dict[str, torch.Tensor]:

@@ -17,7 +17,8 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 import daskrl
 from daskrl import ConfigError
-from daskrl.store import GroupShuffleSampler, TrajectoryStore
+from daskrl.data import GroupShuffleSampler
+from daskrl.store import TrajectoryStore
 
 
 def test_minibatches_of_arrays_of_different_shapes_are_refused(tmp_path):

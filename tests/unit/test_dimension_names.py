@@ -18,6 +18,7 @@ import zarr
 from zarr.storage import ZipStore
 
 import daskrl
+import daskrl.data
 from daskrl import StoreFormatError
 from daskrl.store import TrajectoryStore
 from daskrl.store._format.allowlist import MAX_DIMENSION_NAME, check_array_metadata
@@ -98,7 +99,7 @@ def test_a_20_batch_with_null_names_still_reads(tmp_path):
     got = store.load(0)
     for name, a in arrays.items():
         assert np.array_equal(got[name].numpy(), a), name
-    ds = store.handle(0).to_xarray()
+    ds = daskrl.data.batch_to_xarray(store.handle(0))
     assert ds["action"].dims == ("time", "env", "action_0")
     for name, a in arrays.items():
         assert np.array_equal(ds[name].values, a), name
@@ -115,7 +116,7 @@ def test_names_the_store_does_not_hold_do_not_matter_to_daskrl(tmp_path):
     root, path = _store(tmp_path, arrays)
     _rewrite(root / path, lambda name, doc: doc.update(
         dimension_names=[f"d{i}" for i in range(len(doc["shape"]))]))
-    ds = daskrl.open_store(str(root)).to_xarray(layout="time")
+    ds = daskrl.data.to_xarray(daskrl.open_store(str(root)), layout="time")
     assert ds["observation"].dims == ("time", "env", "observation_0")
     assert np.array_equal(ds["pixels"].values, arrays["pixels"])
 
@@ -159,7 +160,7 @@ def test_a_hostile_name_in_a_store_is_refused_naming_batch_and_array(tmp_path):
         store.load(0)
     assert len(str(e.value)) < 1000  # the untrusted name is cut in the message
     with pytest.raises(StoreFormatError, match=re.escape(msg)):
-        store.to_xarray()
+        daskrl.data.to_xarray(store)
     assert store.load(0, keys=["reward"])["reward"].shape == (7, 3)
 
 
@@ -178,6 +179,6 @@ def test_an_array_named_like_a_dimension_is_refused_by_the_view(tmp_path):
     root, _ = _store(tmp_path, arrays)
     store = daskrl.open_store(str(root))
     with pytest.raises(daskrl.ConfigError, match=r"array 'env' of store .* pass keys= without"):
-        store.to_xarray(layout="time")
-    ds = store.to_xarray(["reward", "action"], layout="time")
+        daskrl.data.to_xarray(store, layout="time")
+    ds = daskrl.data.to_xarray(store, ["reward", "action"], layout="time")
     assert np.array_equal(ds["action"].values, arrays["action"])

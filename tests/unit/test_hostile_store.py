@@ -26,11 +26,12 @@ from sample_batches import sample_arrays as _arrays
 from sample_batches import sample_meta as _meta
 
 import daskrl
+import daskrl.data
 from daskrl import BatchDataMissingError, StoreError, StoreFormatError, StoreRecordWarning
 from daskrl._checksums import crc32c
 from daskrl.cli import main as cli_main
+from daskrl.data._inspect import summarize
 from daskrl.store import TrajectoryStore
-from daskrl.store._inspect import summarize
 
 
 # -- 4: codec headers -------------------------------------------------------------------------
@@ -238,7 +239,7 @@ def test_one_bad_commit_record_is_skipped_and_reported(tmp_path, kind, capsys):
         assert store.batch_ids() == [0, 2] and len(store) == 2 and store.frames == 24
         assert [h.batch_id for h in store.handles()] == [0, 2]
         assert sorted(b for b, _ in ((h.batch_id, d) for h, d in store.iter_batches())) == [0, 2]
-        assert store.to_dask(["reward"])["reward"].shape == (24,)
+        assert daskrl.data.to_dask(store, ["reward"])["reward"].shape == (24,)
         assert len(daskrl.TransitionDataset(store)) == 24
         s = summarize(store)
         assert s["batches"] == 2 and s["skipped_records"] == 1
@@ -327,13 +328,13 @@ def test_iter_batches_and_episodes_report_missing_data_instead_of_yielding_nothi
         w.delete_batches([b])
     paths = [w.write_batch(b, _episode_arrays(b), _meta(), compression="zstd")[0] for b in (5, 6)]
     store = daskrl.open_store(url)
-    assert len(list(store.episodes())) == 4
+    assert len(list(daskrl.data.episodes(store))) == 4
     for p in paths:
         (root / p).unlink()
     with pytest.raises(BatchDataMissingError, match=re.escape("batch 5 (")):
         next(store.iter_batches())
     with pytest.raises(BatchDataMissingError, match="is committed but its data is missing"):
-        list(store.episodes())
+        list(daskrl.data.episodes(store))
 
 
 class _PruningStore(TrajectoryStore):
@@ -360,7 +361,7 @@ def test_summary_and_to_dask_skip_a_batch_pruned_during_the_read(tmp_path, capsy
     w = TrajectoryStore(url, read_only=False)
     w.write_batch(3, _arrays(seed=3), _meta(), compression="zstd")
     reader.prune = TrajectoryStore(url, read_only=False)
-    view = reader.to_dask(["reward"], batch_ids=[1, 2, 3])
+    view = daskrl.data.to_dask(reader, ["reward"], batch_ids=[1, 2, 3])
     assert view["reward"].shape == (24,)
     np.testing.assert_array_equal(
         view["reward"].compute(),
@@ -370,7 +371,7 @@ def test_summary_and_to_dask_skip_a_batch_pruned_during_the_read(tmp_path, capsy
     with pytest.raises(BatchDataMissingError, match=re.escape("batch 3 (")):
         summarize(daskrl.open_store(url))
     with pytest.raises(BatchDataMissingError, match=re.escape("batch 3 (")):
-        daskrl.open_store(url).to_dask(["reward"])
+        daskrl.data.to_dask(daskrl.open_store(url), ["reward"])
 
 
 # -- 9: the local header's CRC-32 -------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A store as an ``xarray.Dataset`` backed by dask: :func:`~._dask_view.to_dask`'s arrays with
 named dimensions and per-batch coordinates (needs ``daskrl[xarray]``).
 
-Dimensions follow the format's rule (:func:`~._format.encode.dimension_names`): ``time`` and
+Dimensions follow the format's rule (:func:`daskrl.store.dimension_names`): ``time`` and
 ``env`` shared by every array, ``<array>_0``, ``<array>_1``, ... of each array's own (so
 Pendulum's ``observation_0`` of size 3 and ``action_0`` of size 1 never clash); layout
 ``"frames"`` merges ``time`` and ``env`` into ``frame``.  The names come from the rule, not
@@ -12,20 +12,19 @@ against the store's rules (``docs/store-format.md``) before a chunk is read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from daskrl.errors import ConfigError, MissingDependencyError
-from daskrl.store._dask_view import dask_view
-from daskrl.store._format.encode import dimension_names
+from daskrl.data._dask_view import dask_view
+from daskrl.errors import ConfigError, MissingDependencyError, UsageError
+from daskrl.store import dimension_names, normalize_url
 
 if TYPE_CHECKING:
     import xarray
 
-    from daskrl.store._reading import Reader
-    from daskrl.store._store import TrajectoryStore
+    from daskrl.store import BatchHandle, TrajectoryStore
 
-__all__ = ["to_xarray"]
+__all__ = ["batch_to_xarray", "to_xarray"]
 
 _AXIS = {"frames": "frame", "time": "time", "env": "env"}
 """The dimension batches are concatenated along, per layout."""
@@ -44,7 +43,6 @@ def _import_xarray() -> Any:
 
 def to_xarray(
     store: TrajectoryStore,
-    reader: Reader,
     keys: Sequence[str] | None = None,
     *,
     layout: str = "frames",
@@ -52,7 +50,7 @@ def to_xarray(
 ) -> xarray.Dataset:
     """The store's batches as one lazy ``xarray.Dataset`` (one dask block per batch and array).
 
-    ``keys``, ``layout`` and ``batch_ids`` are :func:`~._dask_view.to_dask`'s.  Each array is a
+    ``keys``, ``layout`` and ``batch_ids`` are :func:`~daskrl.data.to_dask`'s.  Each array is a
     data variable with dimensions ``(frame, <array>_0, ...)`` (layout ``"frames"``) or
     ``(time, env, <array>_0, ...)``; the coordinates ``batch_id`` and ``weights_version``
     (lazy, along ``frame``, ``time`` or ``env``) say which batch each entry came from and the
@@ -65,7 +63,7 @@ def to_xarray(
     import dask.array as da
     import numpy as np
 
-    arrays, included = dask_view(store, reader, keys, layout=layout, batch_ids=batch_ids)
+    arrays, included = dask_view(store, keys, layout=layout, batch_ids=batch_ids)
     axis = _AXIS[layout]
     data: dict[str, Any] = {}
     for name, arr in arrays.items():
@@ -86,6 +84,23 @@ def to_xarray(
                 [da.full(n, getattr(b, coord), dtype=np.int64, chunks=n)
                  for b, n in zip(included, sizes)]))
     return xr.Dataset(data, coords=coords, attrs={"store": store.url, "layout": layout})
+
+
+def batch_to_xarray(handle: BatchHandle, keys: Sequence[str] | None = None, *,
+                    store: TrajectoryStore | None = None,
+                    storage_options: Mapping[str, Any] | None = None) -> xarray.Dataset:
+    """One batch as a lazy ``xarray.Dataset`` backed by dask (needs ``daskrl[xarray]``): each
+    array a variable with dimensions ``(time, env, <array>_0, ...)``, read through daskrl's
+    checked reader when computed; attributes ``batch_id``, ``weights_version``, ``worker``,
+    ``device``.  ``store`` and ``storage_options``: as for :meth:`~daskrl.BatchHandle.load`."""
+    store = handle.reading_store(store, storage_options)
+    if normalize_url(handle.store) != store.url:
+        raise UsageError(f"the handle of batch {handle.batch_id} belongs to the store "
+                         f"{handle.store!r}, not to {store.url!r}.")
+    ds = to_xarray(store, keys, layout="time", batch_ids=[handle.batch_id])
+    ds.attrs.update(batch_id=handle.batch_id, weights_version=handle.weights_version,
+                    worker=handle.worker, device=handle.device)
+    return ds
 
 
 def _length(shape: tuple[int, int], layout: str) -> int:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from daskrl.store._layout import ATTEMPT_NAME
+from daskrl.store import ATTEMPT_NAME
 
 if TYPE_CHECKING:
-    from daskrl.store._store import TrajectoryStore
+    from daskrl.store import TrajectoryStore
 
 __all__ = ["format_summary", "summarize"]
 

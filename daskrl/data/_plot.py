@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from daskrl.errors import ArrayNotFoundError, MissingDependencyError, StoreError
-from daskrl.store._layout import run_of
+from daskrl.store import run_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from daskrl.store._store import TrajectoryStore
+    from daskrl.store import TrajectoryStore
 
 __all__ = ["RunCurve", "plot_figure", "plot_returns", "run_curves"]
 

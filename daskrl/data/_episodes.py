@@ -12,13 +12,12 @@ import torch
 
 from daskrl._nested import nest
 from daskrl.errors import BatchNotFoundError
-from daskrl.store._env_select import EnvFilter, env_matcher
-from daskrl.store._layout import run_of
+from daskrl.store import run_of
 
 if TYPE_CHECKING:
-    from daskrl.store._store import TrajectoryStore
+    from daskrl.store import EnvFilter, TrajectoryStore
 
-__all__ = ["Episode", "iter_episodes"]
+__all__ = ["Episode", "episodes", "iter_episodes"]
 
 _EPISODE_KEYS = ("episode_id", "terminated", "truncated")
 
@@ -47,6 +46,21 @@ class Episode:
         """Sum of rewards (float64); NaN when ``reward`` was not loaded."""
         r = self.data.get("reward")
         return float(r.double().sum()) if r is not None else float("nan")
+
+
+def episodes(
+    store: TrajectoryStore,
+    keys: Sequence[str] | None = None,
+    *,
+    complete_only: bool = True,
+    device: torch.device | str | None = None,
+    env: EnvFilter = None,
+) -> Iterator[Episode]:
+    """Yield the whole episodes of ``store``, reassembled across the batches they span (see
+    :func:`iter_episodes` for ``complete_only``); ``env``: only those of the env(s) selected
+    as in :meth:`~daskrl.TrajectoryStore.handles` (a stream collects one env, so its episodes
+    stay whole)."""
+    return iter_episodes(store, keys, complete_only=complete_only, device=device, env=env)
 
 
 def iter_episodes(
@@ -81,14 +95,14 @@ def iter_episodes(
     only_runs
         Read only these runs' batches (an episode never spans runs); None: all.
     env
-        Read only the batches of these envs (see :func:`daskrl.store._env_select.env_matcher`;
-        a stream's batches all come from one env); None: all.
+        Read only the batches of these envs (as ``store.handles(env=...)`` selects them; a
+        stream's batches all come from one env); None: all.
     """
     need = None if keys is None else list(dict.fromkeys([*keys, *_EPISODE_KEYS, "step"]))
     drop_step = keys is not None and "step" not in keys
     runs = store.runs()
-    env_ok = env_matcher(env, lambda: runs)
-    records = store.records() if env_ok is not None else None  # one listing for both
+    ids = (store.batch_ids() if env is None
+           else [h.batch_id for h in store.handles(env=env)])
     open_eps: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
     last_seen: dict[int, int] = {}
     dev = torch.device(device) if device is not None else None
@@ -110,7 +124,7 @@ def iter_episodes(
         return Episode(int(eid), nest(data), bids, complete)
 
     current_run = None
-    for bid in store.batch_ids() if records is None else list(records):
+    for bid in ids:
         if run_of(bid) != current_run:
             # No episode continues into another run (a resumed run starts its envs afresh):
             # those still open when their run's batches end were cut there.
@@ -121,10 +135,8 @@ def iter_episodes(
                     yield ep
         if only_runs is not None and run_of(bid) not in only_runs:
             continue
-        if env_ok is not None and records is not None and not env_ok(records[bid]):
-            continue
         try:
-            batch = store._load_flat(bid, keys=need)
+            batch = store.load(bid, keys=need, flat=True)
         except BatchNotFoundError:
             continue
         eid = batch["episode_id"].numpy()

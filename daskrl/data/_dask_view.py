@@ -8,19 +8,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from daskrl._nested import select
-from daskrl.errors import (
-    BatchDataMissingError,
-    BatchNotFoundError,
-    ConfigError,
-    StoreError,
-    StoreFormatError,
-)
+from daskrl.errors import BatchNotFoundError, ConfigError, StoreError, StoreFormatError
 
 if TYPE_CHECKING:
     import dask.array
 
-    from daskrl.store._reading import Reader
-    from daskrl.store._store import TrajectoryStore
+    from daskrl.store import TrajectoryStore
 
 __all__ = ["ViewBatch", "dask_view", "to_dask"]
 
@@ -37,7 +30,6 @@ class ViewBatch(NamedTuple):
 
 def to_dask(
     store: TrajectoryStore,
-    reader: Reader,
     keys: Sequence[str] | None = None,
     *,
     layout: str = "frames",
@@ -45,8 +37,13 @@ def to_dask(
 ) -> dict[str, dask.array.Array]:
     """The store as lazy dask arrays, one block per batch and array (read as ``load`` reads).
 
+    Every array's metadata is checked against the allowlist before zarr opens it.  A batch
+    deleted (pruned) while the view is built is left out of it.
+
     Parameters
     ----------
+    store
+        The store to read.
     keys
         Arrays to include (default: those of the first batch).
     layout
@@ -57,15 +54,12 @@ def to_dask(
         (same ``T``).
     batch_ids
         Batches to include (default: all committed, ascending).
-
-    Every array's metadata is checked against the allowlist before zarr opens it.
     """
-    return dask_view(store, reader, keys, layout=layout, batch_ids=batch_ids)[0]
+    return dask_view(store, keys, layout=layout, batch_ids=batch_ids)[0]
 
 
 def dask_view(
     store: TrajectoryStore,
-    reader: Reader,
     keys: Sequence[str] | None = None,
     *,
     layout: str = "frames",
@@ -91,15 +85,13 @@ def dask_view(
     load = dask.delayed(_load_array, pure=False)
     for bid in ids:
         path = recs[bid]["path"]
-        try:
-            if names is None:  # from the first batch: keys may name groups ("observation")
-                names = store.array_names(path)
-                if keys is not None:
-                    names = select(names, keys)
-            layouts = reader.array_layouts(bid, path, names)
-        except (BatchDataMissingError, BatchNotFoundError):
-            if reader.index.still_committed(bid, path):
-                raise reader.index.data_missing(bid, path) from None
+        layouts = store.array_layouts(bid, path, names)  # names None: every array
+        if layouts is not None and names is None:
+            # From the first batch: keys may name groups ("observation").
+            names = list(layouts) if keys is None else select(list(layouts), keys)
+            if keys is not None:
+                layouts = store.array_layouts(bid, path, names)
+        if layouts is None:
             continue  # deleted (pruned) since it was listed: not part of the view
         if layouts:
             included.append(ViewBatch(bid, _batch_shape(bid, path, store.url, layouts),
@@ -134,4 +126,4 @@ def _batch_shape(bid: int, path: str, url: str, layouts: dict[str, Any]) -> tupl
 
 
 def _load_array(store: TrajectoryStore, path: str, name: str) -> np.ndarray:
-    return store._reader.load_path(path, None, [name], None)[name].numpy()
+    return store.load_path(path, keys=[name], flat=True)[name].numpy()
