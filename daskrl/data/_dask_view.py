@@ -38,7 +38,9 @@ def to_dask(
     """The store as lazy dask arrays, one block per batch and array (read as ``load`` reads).
 
     Every array's metadata is checked against the allowlist before zarr opens it.  A batch
-    deleted (pruned) while the view is built is left out of it.
+    deleted (pruned, ``keep_last``) before or while the view is built is left out of it; one
+    deleted after it was built raises :class:`~daskrl.BatchNotFoundError` when its block is
+    computed (the view's shape holds it): build the view again.
 
     Parameters
     ----------
@@ -72,11 +74,11 @@ def dask_view(
 
     if layout not in _LAYOUTS:
         raise ConfigError(f"layout must be one of {_LAYOUTS}, got {layout!r}.")
-    ids = list(batch_ids) if batch_ids is not None else store.batch_ids()
     included: list[ViewBatch] = []
+    recs = store.records()  # one listing: a batch pruned after it is left out below
+    ids = list(batch_ids) if batch_ids is not None else list(recs)
     if not ids:
         return {}, included
-    recs = store.records()
     missing = [b for b in ids if b not in recs]
     if missing:
         raise BatchNotFoundError(f"no committed batches {missing} in store {store.url!r}.")
@@ -97,7 +99,8 @@ def dask_view(
             included.append(ViewBatch(bid, _batch_shape(bid, path, store.url, layouts),
                                       int(recs[bid]["weights_version"])))
         for name, lay in layouts.items():
-            arr = da.from_delayed(load(store, path, name), shape=lay.shape, dtype=lay.dtype)
+            arr = da.from_delayed(load(store, bid, path, name), shape=lay.shape,
+                                  dtype=lay.dtype)
             if layout == "frames":
                 arr = arr.reshape((-1, *arr.shape[2:]))
             parts.setdefault(name, []).append(arr)
@@ -125,5 +128,14 @@ def _batch_shape(bid: int, path: str, url: str, layouts: dict[str, Any]) -> tupl
     return t, e
 
 
-def _load_array(store: TrajectoryStore, path: str, name: str) -> np.ndarray:
-    return store.load_path(path, keys=[name], flat=True)[name].numpy()
+def _load_array(store: TrajectoryStore, bid: int, path: str, name: str) -> np.ndarray:
+    """Array ``name`` of the batch at ``path``, as a block of the view."""
+    try:
+        return store.load_path(path, keys=[name], batch_id=bid, flat=True)[name].numpy()
+    except BatchNotFoundError as e:
+        # The view's shape holds the batch, so it cannot be left out once built.
+        raise BatchNotFoundError(
+            f"batch {bid} was deleted after this dask view was built (a dask array's shape "
+            f"is fixed when it is made; the view leaves out the batches deleted before or "
+            f"while it is built): build the view again, daskrl.data.to_dask(store, ...), to "
+            f"read the batches committed now. ({e})") from None

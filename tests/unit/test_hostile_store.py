@@ -374,6 +374,50 @@ def test_summary_and_to_dask_skip_a_batch_pruned_during_the_read(tmp_path, capsy
         daskrl.data.to_dask(daskrl.open_store(url), ["reward"])
 
 
+
+class _PrunedAfterItsFirstListing(TrajectoryStore):
+    """A reader whose first listing (of ids or of records) another process's ``keep_last``
+    follows at once: the real deletion (record, then container) of a batch just listed."""
+
+    prune: TrajectoryStore | None = None
+
+    def _then_prune(self, listed):
+        if self.prune is not None:
+            self.prune.keep_last(2)
+            self.prune = None
+        return listed
+
+    def batch_ids(self):
+        return self._then_prune(super().batch_ids())
+
+    def records(self):
+        return self._then_prune(super().records())
+
+
+def test_to_dask_leaves_out_a_batch_pruned_right_after_it_listed_the_store(tmp_path):
+    url, root, paths = _store(tmp_path, n=3, compression="zstd")
+    reader = _PrunedAfterItsFirstListing(url)
+    reader.prune = TrajectoryStore(url, read_only=False)
+    view = daskrl.data.to_dask(reader, ["reward"])["reward"]
+    assert not (root / paths[0]).exists() and reader.batch_ids() == [1, 2]
+    assert view.shape == (24,)
+    np.testing.assert_array_equal(
+        view.compute(), np.concatenate([_arrays(seed=b)["reward"].ravel() for b in (1, 2)]))
+    # A batch asked for by id that is not committed is an error, as before.
+    with pytest.raises(daskrl.BatchNotFoundError, match=re.escape("no committed batches [0]")):
+        daskrl.data.to_dask(reader, ["reward"], batch_ids=[0, 1])
+
+
+def test_a_batch_pruned_after_its_dask_view_was_built_says_to_build_it_again(tmp_path):
+    url, _, _ = _store(tmp_path, n=3, compression="zstd")
+    view = daskrl.data.to_dask(daskrl.open_store(url), ["reward"])["reward"]
+    TrajectoryStore(url, read_only=False).keep_last(2)
+    with pytest.raises(daskrl.BatchNotFoundError,
+                       match=re.escape("batch 0 was deleted after this dask view was built")):
+        view.compute()
+    again = daskrl.data.to_dask(daskrl.open_store(url), ["reward"])["reward"]
+    assert again.shape == (24,) and again.compute().shape == (24,)
+
 # -- 9: the local header's CRC-32 -------------------------------------------------------------
 def test_a_local_header_whose_crc32_disagrees_with_the_directory_is_refused(tmp_path):
     url, root, paths = _store(tmp_path, n=1, compression="none")
