@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from daskrl._nested import nest
-from daskrl.errors import BatchNotFoundError
+from daskrl.errors import ArrayNotFoundError, BatchNotFoundError, StoreFormatError
 from daskrl.store import run_of
 
 if TYPE_CHECKING:
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 __all__ = ["Episode", "episodes", "iter_episodes"]
 
 _EPISODE_KEYS = ("episode_id", "terminated", "truncated")
+_NEEDED = (*_EPISODE_KEYS, "step")
+"""The arrays episodes are reassembled from, which every batch of a collector holds."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,7 @@ def iter_episodes(
         Read only the batches of these envs (as ``store.handles(env=...)`` selects them; a
         stream's batches all come from one env); None: all.
     """
-    need = None if keys is None else list(dict.fromkeys([*keys, *_EPISODE_KEYS, "step"]))
+    need = None if keys is None else list(dict.fromkeys([*keys, *_NEEDED]))
     drop_step = keys is not None and "step" not in keys
     runs = store.runs()
     ids = (store.batch_ids() if env is None
@@ -139,6 +141,10 @@ def iter_episodes(
             batch = store.load(bid, keys=need, flat=True)
         except BatchNotFoundError:
             continue
+        except ArrayNotFoundError:
+            _check_episode_arrays(store, bid, store.array_names(store.handle(bid).path))
+            raise  # an array of keys=
+        _check_episode_arrays(store, bid, batch)
         eid = batch["episode_id"].numpy()
         done = (batch["terminated"] | batch["truncated"]).numpy()
         T, E = eid.shape[:2]
@@ -168,3 +174,15 @@ def iter_episodes(
         if not complete_only:
             yield ep
 
+
+def _check_episode_arrays(store: TrajectoryStore, bid: int, names: Collection[str]) -> None:
+    """Raise :class:`~daskrl.StoreFormatError` unless batch ``bid`` has every array episodes
+    are reassembled from."""
+    missing = [k for k in _NEEDED if k not in names]
+    if missing:
+        raise StoreFormatError(
+            f"batch {bid} of store {store.url!r} has no {missing} array(s), which episodes are "
+            f"reassembled from (every batch a collector writes has {list(_NEEDED)}): it was "
+            f"not written by daskrl's collector, or it is damaged. Read it with "
+            f"store.load({bid}), or delete it: "
+            f"open_store(url, writable=True).delete_batches([{bid}]).")

@@ -337,6 +337,24 @@ def test_iter_batches_and_episodes_report_missing_data_instead_of_yielding_nothi
         list(daskrl.data.episodes(store))
 
 
+
+@pytest.mark.parametrize("keys", [None, ["reward"]])
+def test_episodes_of_batches_without_episode_arrays_are_a_store_format_error(tmp_path, keys):
+    # A store with a damaged run record (garbage in its settings) and batches that hold no
+    # episode_id, step, terminated or truncated (written outside a collector).
+    url, root, _ = _store(tmp_path, n=2)
+    TrajectoryStore(url, read_only=False).register_run({"reset_at_each_iter": False})
+    rec = root / "runs" / "0000" / "zarr.json"
+    rec.write_bytes(rec.read_bytes().replace(b'{"reset_at_each_iter": false}', b'"\x00#!"'))
+    store = daskrl.open_store(url)
+    with pytest.warns(StoreRecordWarning, match=re.escape("runs/0000/zarr.json")), \
+            pytest.raises(StoreFormatError, match=re.escape(
+                "batch 0 of store") + ".*" + re.escape(
+                "has no ['episode_id', 'truncated', 'step'] array(s), which episodes are "
+                "reassembled from")):
+        next(daskrl.data.episodes(store, keys))
+    assert store.load(0)["reward"].shape == (6, 2)  # the batch itself still reads
+
 class _PruningStore(TrajectoryStore):
     """A reader in whose listing another process's ``keep_last`` lands right after it listed:
     the real deletion (record, then container) of a batch it is about to read."""
