@@ -109,12 +109,16 @@ def check_commit_record(doc: dict[str, Any], batch_id: int, where: str) -> dict[
 
 
 def check_run_record(doc: dict[str, Any], run: int, where: str) -> dict[str, Any]:
-    """The attributes of run record ``run``, checked: ``settings`` an object, ``run`` and
-    ``started`` numbers where present, ``resumes`` (where present) an earlier run's number."""
+    """The attributes of run record ``run``, checked: ``settings`` an object (its
+    ``reset_at_each_iter`` a bool where present), ``run`` and ``started`` numbers where
+    present, ``resumes`` (where present) an earlier run's number."""
     attrs = _attributes(doc, where)
     bad = []
-    if not isinstance(attrs.get("settings", {}), dict):
+    settings = attrs.get("settings", {})
+    if not isinstance(settings, dict):
         bad.append("settings")
+    elif not isinstance(settings.get("reset_at_each_iter", False), bool):  # read by episodes
+        bad.append("settings.reset_at_each_iter")
     if "run" in attrs and attrs["run"] != run:
         bad.append("run")
     started = attrs.get("started", 0.0)

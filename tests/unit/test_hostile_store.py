@@ -355,6 +355,31 @@ def test_episodes_of_batches_without_episode_arrays_are_a_store_format_error(tmp
         next(daskrl.data.episodes(store, keys))
     assert store.load(0)["reward"].shape == (6, 2)  # the batch itself still reads
 
+
+def test_a_run_record_with_garbage_settings_is_skipped_and_episodes_stay_whole(tmp_path):
+    # Two envs, whose episodes of 6 steps span batches 0 and 1 of run 0.
+    url, root, _ = _store(tmp_path, n=0)
+    w = TrajectoryStore(url, read_only=False)
+    w.register_run({"reset_at_each_iter": False})
+    for b in (0, 1):
+        a = _arrays(T=3, seed=b)
+        a["episode_id"] = np.broadcast_to(np.arange(2), (3, 2)).astype(np.int64)
+        a["step"] = np.broadcast_to(np.arange(3 * b, 3 * b + 3)[:, None], (3, 2)).astype(np.int64)
+        a["terminated"] = np.zeros((3, 2), bool)
+        a["terminated"][-1] = b == 1
+        a["truncated"] = np.zeros((3, 2), bool)
+        w.write_batch(b, a, _meta(3, 2))
+    assert [e.length for e in daskrl.data.episodes(daskrl.open_store(url))] == [6, 6]
+    rec = root / "runs" / "0000" / "zarr.json"
+    rec.write_bytes(rec.read_bytes().replace(b'"reset_at_each_iter": false',
+                                             b'"reset_at_each_iter": "g4rb@ge#!"'))
+    store = daskrl.open_store(url)
+    with pytest.warns(StoreRecordWarning, match=re.escape(
+            "field(s) ['settings.reset_at_each_iter'] have the wrong type")):
+        episodes = list(daskrl.data.episodes(store))
+    assert [(e.length, e.complete) for e in episodes] == [(6, True), (6, True)]
+    assert "runs/0000/zarr.json" in store.skipped_records()
+
 class _PruningStore(TrajectoryStore):
     """A reader in whose listing another process's ``keep_last`` lands right after it listed:
     the real deletion (record, then container) of a batch it is about to read."""
