@@ -587,15 +587,15 @@ def check_episode_continuity(store: Any, max_problems: int = 20) -> ContinuityRe
 
     The rules (``docs/store-format.md``, *Transitions and episodes*), for a store from which
     nothing was deleted: an episode's rows are one env column; its ``step`` runs 0, 1, 2, ...;
-    its first row is at ``t = s`` in the batch its id names (``episode_id = batch_id * 2**24 +
-    s * E + e``), or at ``t = 0`` of that batch's stream successor when ``s == T``; only its
+    its first row is at ``t = s`` in the batch its id names (``episode_id =
+    episode_id_base(batch_id) + s * E + e``), or at ``t = 0`` of that batch's stream successor when ``s == T``; only its
     last row may be ``terminated`` or ``truncated``; within a batch ``observation[t + 1] ==
     next_observation[t]``; it continues into a later batch only from that batch's last step,
     at ``t = 0`` of the stream's next committed batch (when records name their stream), with
     ``observation`` equal to the last ``next_observation``. An episode that stops at a batch's
     last step without a flag is cut (or still running), which the format allows.
     """
-    from daskrl.worker._rollout import EPISODE_ID_STRIDE as S
+    from daskrl.store._layout import episode_origin, run_of
 
     records = store.records()
     ids = sorted(records)
@@ -605,7 +605,7 @@ def check_episode_continuity(store: Any, max_problems: int = 20) -> ContinuityRe
     for bid in ids:
         stream = records[bid].get("stream")
         if isinstance(stream, int):
-            key = (bid // 1_000_000_000) * 1_000_000 + stream  # streams are per run
+            key = run_of(bid) * 1_000_000 + stream  # streams are per run
             stream_prev[bid] = last_of_stream.get(key)
             last_of_stream[key] = bid
     problems: list[str] = []
@@ -646,7 +646,7 @@ def check_episode_continuity(store: Any, max_problems: int = 20) -> ContinuityRe
                 if int(st[0]) == 0:
                     if i in seen:
                         bad(f"{where}: episode id used twice")
-                    origin, rest = divmod(i, S)
+                    origin, rest = episode_origin(i)
                     s, env = divmod(rest, E)
                     if env != e:
                         bad(f"{where}: its id names env {env}")

@@ -231,10 +231,10 @@ def test_the_run_limit_of_a_store_is_named(tmp_path):
     w = TrajectoryStore(url, read_only=False)
     w.initialize()
     assert w.register_run({}) == 0
-    (tmp_path / "s" / "runs" / "0000").rename(tmp_path / "s" / "runs" / "0549")
-    msg = (f"store 'file://{tmp_path}/s' has used all 550 run numbers a store can have (its "
-           "newest run is 549; batch ids run * 1_000_000_000 + i must stay below 2**39 so that "
-           "episode ids fit 64 bits). Collect into a new store; this one stays readable.")
+    (tmp_path / "s" / "runs" / "0000").rename(tmp_path / "s" / "runs" / "66085")
+    msg = (f"store 'file://{tmp_path}/s' has used all 66_086 run numbers a store can have (its "
+           "newest run is 66085; each run's batch and episode ids must fit 64 bits). Collect "
+           "into a new store; this one stays readable.")
     with pytest.raises(daskrl.StoreError, match=re.escape(msg)):
         w.register_run({})
     with pytest.raises(daskrl.StoreError, match=re.escape(msg)):  # before any cluster starts

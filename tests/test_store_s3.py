@@ -90,7 +90,7 @@ def test_write_read_and_handles_without_credentials(s3):
     import zarr
 
     root = zarr.open_group(url, mode="r", storage_options=options)
-    assert root.attrs["daskrl"]["format_version"] == "2.2"
+    assert root.attrs["daskrl"]["format_version"] == "2.3"
     group = zarr.open_group(f"zip::{url}/{path}", mode="r", storage_options={"s3": options})
     assert group.attrs["batch_id"] == 3
     np.testing.assert_array_equal(group["observation"][...], batch_arrays(3, 1)["observation"])

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from daskrl.config import CollectorConfig
 from daskrl.errors import ConfigError
+from daskrl.store._layout import batch_id_in_run
 
 __all__ = ["Placement", "PlannedBatch", "Planner", "RoundsAhead", "stream_placement"]
 
@@ -90,7 +91,7 @@ class Planner:
             stream = self._next_stream
             self._next_stream = (self._next_stream + 1) % self.num_streams
         steps = frames // self.config.envs_per_worker
-        batch_id = self.first_id + self._next_index
+        batch_id = batch_id_in_run(self.first_id, self._next_index)
         plan = PlannedBatch(
             batch_id=batch_id,
             stream=stream,

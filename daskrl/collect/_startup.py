@@ -27,7 +27,7 @@ from daskrl.collect._run import Run
 from daskrl.collect._supervisor import Workers
 from daskrl.config import CollectorConfig
 from daskrl.deploy._package_versions import acheck_versions
-from daskrl.store._layout import BATCH_IDS_PER_RUN
+from daskrl.store._layout import run_first_batch
 from daskrl.store._store import TrajectoryStore
 from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import PolicySpec
@@ -61,7 +61,7 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig,
     tokens = await workers.bounded("asking the workers for their process",
                                    client.run(process_token, workers=live))
     weights.in_process = process_token() in tokens.values()
-    first_id = await asyncio.to_thread(store.next_run) * BATCH_IDS_PER_RUN
+    first_id = run_first_batch(await asyncio.to_thread(store.next_run))
     if resume is not None:  # what committed since the learner's first count counts too
         frames = await asyncio.to_thread(count_frames, store, resume.chain)
         resume = dataclasses.replace(resume, frames=frames)
@@ -88,7 +88,7 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig,
         settings = {"env": envs[0].label, **cfg.as_dict()}
     number = await asyncio.to_thread(store.register_run, settings,
                                      resumes=resume.run if resume is not None else None)
-    assert first_id == number * BATCH_IDS_PER_RUN
+    assert first_id == run_first_batch(number)
     return run, number
 
 

@@ -21,12 +21,19 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from daskrl.errors import StoreError
+
 __all__ = [
     "ASIDE",
     "ATTEMPT_NAME",
     "BATCHES",
     "BATCH_IDS_PER_RUN",
     "COMMITS",
+    "EPISODE_ID_STRIDE",
+    "EXTENDED_BATCH_BITS",
+    "EXTENDED_FIRST_RUN",
+    "EXTENDED_INDEX_BITS",
+    "EXTENDED_RUN_BITS",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "GROUP_DOC",
@@ -38,16 +45,22 @@ __all__ = [
     "ROOT_PARTIAL",
     "RUNS",
     "SUBGROUPS",
+    "UNUSED_EPISODE_IDS",
     "attempt_path",
+    "batch_id_in_run",
     "batch_id_of",
+    "batches_per_run",
     "commit_dir",
     "commit_key",
     "commit_key_of_attempt",
+    "episode_id_base",
+    "episode_origin",
     "group_doc",
     "is_commit_name",
     "probe_dir",
     "probe_key",
     "root_attributes",
+    "run_first_batch",
     "run_key",
     "run_of",
     "weights_dir",
@@ -55,14 +68,39 @@ __all__ = [
 ]
 
 FORMAT_NAME = "daskrl.trajectories"
-FORMAT_VERSION = "2.2"
+FORMAT_VERSION = "2.3"
 READ_MAJORS = (2,)
 """Major format versions this daskrl reads; it writes only :data:`FORMAT_VERSION`'s."""
+
+# Batch ids and episode ids: two packings, chosen by the run number alone.
+#
+# Runs 0 to 549 number batch ``i`` as ``run * BATCH_IDS_PER_RUN + i`` and episodes as
+# ``batch_id * 2**24 + k`` (``k = s * E + e``: where the episode started in the batch).  Those
+# ids can fill every non-negative int64, so no other packing of non-negative ids is sure to
+# miss every id a store already holds.  Runs from 550 on, which no daskrl before format 2.3
+# could register, number their batches on from ``550 * BATCH_IDS_PER_RUN`` and their
+# episodes below ``-2**62``: ``-2**63 + x * 2**25 + k``, ``x`` the batch's index among the
+# extended runs' batches.  Bits of such an id above ``-2**63``: 16 for the run, 21 for the
+# batch in its run, 25 for ``k``.
 BATCH_IDS_PER_RUN = 1_000_000_000
-"""Run ``r`` numbers its batches from ``r * BATCH_IDS_PER_RUN``."""
-MAX_RUNS = -(-(2**39) // BATCH_IDS_PER_RUN)
-"""Runs a store can number (550): batch ids stay below ``2**39``, so that episode ids
-(``batch_id * 2**24 + ...``) fit a signed 64-bit integer."""
+"""Run ``r < EXTENDED_FIRST_RUN`` numbers its batches from ``r * BATCH_IDS_PER_RUN``."""
+EPISODE_ID_STRIDE = 1 << 24
+"""Episode ids of runs below :data:`EXTENDED_FIRST_RUN`: ``batch_id * EPISODE_ID_STRIDE + k``."""
+EXTENDED_FIRST_RUN = -(-(2**39) // BATCH_IDS_PER_RUN)
+"""The first run (550) numbered by the extended packing: below it, batch ids stay below
+``2**39`` so that ``batch_id * 2**24 + k`` fits a signed 64-bit integer."""
+EXTENDED_RUN_BITS = 16
+EXTENDED_BATCH_BITS = 21
+"""An extended run numbers at most ``2**21`` batches."""
+EXTENDED_INDEX_BITS = 25
+"""``k = s * E + e <= T * E + E - 1``, below ``2 * 2**24`` since frames per batch stay below
+``2**24`` (``config.MAX_FRAMES_PER_BATCH``)."""
+UNUSED_EPISODE_IDS = range(-(1 << 62), 0)
+"""Episode ids no store holds: a rollout may use them for episodes it has not numbered yet."""
+_EXTENDED_FIRST_BATCH = EXTENDED_FIRST_RUN * BATCH_IDS_PER_RUN
+_INT64_MIN = -(2**63)
+MAX_RUNS = EXTENDED_FIRST_RUN + (1 << EXTENDED_RUN_BITS)
+"""Runs a store can number (66,086: runs 0 to 66,085)."""
 
 GROUP_DOC = "zarr.json"
 """Name of a group's (or array's) document."""
@@ -100,9 +138,62 @@ def run_key(run: int) -> str:
     return f"{RUNS}/{run:04d}/{GROUP_DOC}"
 
 
+def run_first_batch(run: int) -> int:
+    """The first batch id of run ``run``."""
+    if run < EXTENDED_FIRST_RUN:
+        return run * BATCH_IDS_PER_RUN
+    return _EXTENDED_FIRST_BATCH + ((run - EXTENDED_FIRST_RUN) << EXTENDED_BATCH_BITS)
+
+
+def batches_per_run(run: int) -> int:
+    """How many batch ids run ``run`` can number (its episode ids must fit 64 bits)."""
+    if run < EXTENDED_FIRST_RUN:
+        return min(BATCH_IDS_PER_RUN, 2**39 - run * BATCH_IDS_PER_RUN)
+    return 1 << EXTENDED_BATCH_BITS
+
+
 def run_of(batch_id: int) -> int:
     """The run that numbered ``batch_id``."""
-    return batch_id // BATCH_IDS_PER_RUN
+    if batch_id < _EXTENDED_FIRST_BATCH:
+        return batch_id // BATCH_IDS_PER_RUN
+    return EXTENDED_FIRST_RUN + ((batch_id - _EXTENDED_FIRST_BATCH) >> EXTENDED_BATCH_BITS)
+
+
+def batch_id_in_run(first_id: int, index: int) -> int:
+    """Batch id ``first_id + index``, where ``first_id`` is a batch id of a run.
+
+    Raises :class:`~daskrl.errors.StoreError` when the id would lie past the run's
+    :func:`batches_per_run`: a run that long must be split (stop, then ``resume``)."""
+    run = run_of(first_id)
+    batch_id = first_id + index
+    if batch_id - run_first_batch(run) >= batches_per_run(run):
+        raise StoreError(
+            f"run {run} has numbered all the {batches_per_run(run):_} batch ids a run can "
+            f"have (its episode ids must fit 64 bits). Close the collector and start a new "
+            "one with resume= to go on in a new run."
+        )
+    return batch_id
+
+
+def episode_id_base(batch_id: int) -> int:
+    """The id of an episode that starts at the beginning of batch ``batch_id`` on env 0.
+
+    The episode that starts at row ``s`` of env ``e`` in a batch of ``E`` envs has id
+    ``episode_id_base(batch_id) + s * E + e`` (``s`` up to ``T``: an episode that ended at the
+    batch's last step starts the next one there)."""
+    if batch_id < _EXTENDED_FIRST_BATCH:
+        return batch_id * EPISODE_ID_STRIDE
+    return _INT64_MIN + ((batch_id - _EXTENDED_FIRST_BATCH) << EXTENDED_INDEX_BITS)
+
+
+def episode_origin(episode_id: int) -> tuple[int, int]:
+    """``(batch_id, k)`` of an episode id: the batch it started in and ``k = s * E + e``
+    (see :func:`episode_id_base`)."""
+    if episode_id >= 0:
+        return episode_id // EPISODE_ID_STRIDE, episode_id % EPISODE_ID_STRIDE
+    x = episode_id - _INT64_MIN
+    return (_EXTENDED_FIRST_BATCH + (x >> EXTENDED_INDEX_BITS),
+            x & ((1 << EXTENDED_INDEX_BITS) - 1))
 
 
 def commit_dir(batch_id: int) -> str:

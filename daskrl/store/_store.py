@@ -117,8 +117,8 @@ class TrajectoryStore:
         """Claim the next free run number (exclusive create) and record ``settings`` (and
         ``resumes``: the run this one continues, see ``docs/integrations/resume.md``).
 
-        A store numbers at most :data:`MAX_RUNS` runs (run ``r``'s batch ids start at
-        ``r * BATCH_IDS_PER_RUN``, and episode ids ``batch_id * 2**24 + ...`` must fit 64 bits).
+        A store numbers at most :data:`MAX_RUNS` runs (runs 0 to 66,085; see
+        :func:`~daskrl.store._layout.run_first_batch` and ``docs/store-format.md``).
         """
         return self._writer.register_run(settings, resumes)
 

@@ -17,7 +17,6 @@ from daskrl.store._format import EncodedBatch, ZipFormatError, encode_batch
 from daskrl.store._format.codec_choice import CodecChoices
 from daskrl.store._format.compression import Compression
 from daskrl.store._layout import (
-    BATCH_IDS_PER_RUN,
     MAX_RUNS,
     RUNS,
     attempt_path,
@@ -81,9 +80,9 @@ class Writer:
     def _check_run_number(self, run: int) -> None:
         if run >= MAX_RUNS:
             raise StoreError(
-                f"store {self.url!r} has used all {MAX_RUNS} run numbers a store can have "
-                f"(its newest run is {run - 1}; batch ids run * {BATCH_IDS_PER_RUN:_} + i "
-                "must stay below 2**39 so that episode ids fit 64 bits). Collect into a new "
+                f"store {self.url!r} has used all {MAX_RUNS:_} run numbers a store can have "
+                f"(its newest run is {run - 1}; each run's batch and episode ids must fit "
+                "64 bits). Collect into a new "
                 "store; this one stays readable."
             )
 

@@ -18,6 +18,7 @@ import torch
 from gymnasium import spaces
 
 from daskrl.errors import BatchTimeoutError, EnvError
+from daskrl.store._layout import EPISODE_ID_STRIDE, episode_id_base
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._infos import InfoRecorder, InfoSpecs
 from daskrl.worker._policy_output import OutputReader, policy_error
@@ -25,8 +26,6 @@ from daskrl.worker._spaces import Leaf, SpaceLayout
 
 __all__ = ["EPISODE_ID_STRIDE", "EnvSet", "episode_columns", "non_finite_error"]
 
-EPISODE_ID_STRIDE = 1 << 24
-"""``episode_id = batch_id * EPISODE_ID_STRIDE + step * E + env``: of the batch it started in."""
 
 
 def _env_error(what: str, e: BaseException) -> EnvError:
@@ -134,7 +133,7 @@ class EnvSet:
         if reset or self._needs_reset:
             for i in range(E):
                 self._reset(i, batch_id, 0)
-            self.episode_id[:] = batch_id * EPISODE_ID_STRIDE + np.arange(E)
+            self.episode_id[:] = episode_id_base(batch_id) + np.arange(E)
             self.episode_step[:] = 0
             self.episode_return[:] = 0.0
             self._first_reset = False
@@ -156,7 +155,7 @@ class EnvSet:
         start_row = (-self.episode_step).tolist()
         episode_ids = self.episode_id.tolist()
         starts: list[tuple[int, int]] = []  # (row, env) of each episode started in the batch
-        id_base = batch_id * EPISODE_ID_STRIDE
+        id_base = episode_id_base(batch_id)
         to_env = (_discrete_actions if isinstance(self.act_space, spaces.Discrete)
                   else self._env_actions)
         # On CPU the policy reads the observations in place, through tensors made once (they

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 
 from daskrl.errors import BatchTimeoutError, EnvError
+from daskrl.store._layout import episode_id_base
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._infos import EPISODE_KEY, InfoRecorder, InfoSpecs
 from daskrl.worker._policy_output import OutputReader, policy_error
 from daskrl.worker._rollout import (
-    EPISODE_ID_STRIDE,
     EnvSet,
     _env_error,
     episode_columns,
@@ -60,8 +60,6 @@ from daskrl.worker._vector_envs import (
 from daskrl.worker._vector_staggered import StaggeredSteps
 
 __all__ = ["VectorEnvSet", "make_envset"]
-
-S = EPISODE_ID_STRIDE
 
 
 class VectorEnvSet(StaggeredSteps):
@@ -193,7 +191,7 @@ class VectorEnvSet(StaggeredSteps):
         except Exception as e:
             raise self._raise_env(f"reset() at step 0 of batch {batch_id}", e) from e
         self._set_obs(self._check_obs(obs, self.n_envs, "reset()", 0, batch_id))
-        self.episode_id[:] = batch_id * S + np.arange(self.n_envs)
+        self.episode_id[:] = episode_id_base(batch_id) + np.arange(self.n_envs)
         self.episode_step[:] = 0
         self.episode_return[:] = 0.0
         self._awaiting[:] = False
@@ -440,12 +438,12 @@ class VectorEnvSet(StaggeredSteps):
                 lengths.extend((t + 1 - start_row[idx]).tolist())
                 start_row[idx] = t + 1
                 starts.extend((t + 1, i) for i in idx.tolist())
-                self.episode_id[idx] = batch_id * S + (t + 1) * E + idx
+                self.episode_id[idx] = episode_id_base(batch_id) + (t + 1) * E + idx
                 self.episode_return[idx] = 0.0
             if deadline is not None and time.monotonic() > deadline:
                 raise self._timeout(batch_id, t)
         out["episode_id"][:], out["step"][:] = episode_columns(
-            steps, E, batch_id * S, carried_ids, carried_steps, starts)
+            steps, E, episode_id_base(batch_id), carried_ids, carried_steps, starts)
         self.episode_step[:] = steps - start_row
         return dict(out.arrays), returns, lengths
 

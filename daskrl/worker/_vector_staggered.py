@@ -19,12 +19,11 @@ import numpy as np
 import torch
 
 from daskrl.errors import BatchTimeoutError, EnvError
+from daskrl.store._layout import UNUSED_EPISODE_IDS, episode_id_base
 from daskrl.worker._infos import InfoRecorder
-from daskrl.worker._rollout import EPISODE_ID_STRIDE
 
 __all__ = ["Grid", "StaggeredSteps"]
 
-S = EPISODE_ID_STRIDE
 _RET, _LEN = "__return", "__length"
 """Rows of a column's spill that end an episode: its return and length, reported with the
 batch the row is stored in."""
@@ -244,8 +243,8 @@ class StaggeredSteps:
             )
         idx = np.flatnonzero(mask)
         c = cursor[idx]
-        self.episode_id[idx] = np.where(c <= steps, batch_id * S + c * self.n_envs + idx,
-                                        -(1 + c - steps))
+        self.episode_id[idx] = np.where(
+            c <= steps, episode_id_base(batch_id) + c * self.n_envs + idx, -(1 + c - steps))
         self.episode_step[idx] = 0
         self.episode_return[idx] = 0.0
 
@@ -281,10 +280,11 @@ class StaggeredSteps:
     def _fix_ids(self, ids: np.ndarray, env: Any, steps: int, batch_id: int) -> None:
         """Name, in place, the episodes of ``ids`` (of column(s) ``env``) whose first row is
         in this batch; re-number the rest against the carry left after it."""
-        pending = ids < 0
+        pending = (ids < 0) & (ids >= UNUSED_EPISODE_IDS.start)
         if not pending.any():
             return
         row = -(ids + 1)
         env = np.broadcast_to(env, ids.shape)
-        ids[:] = np.where(~pending, ids, np.where(row < steps, batch_id * S + row * self.n_envs
-                                                  + env, -(1 + row - steps)))
+        base = episode_id_base(batch_id)
+        ids[:] = np.where(~pending, ids, np.where(row < steps, base + row * self.n_envs + env,
+                                                  -(1 + row - steps)))

@@ -118,7 +118,7 @@ def test_a_batch_is_one_zip_container_readable_with_zarr_alone(tmp_path):
     for f in (tmp_path / "s").rglob("zarr.json"):
         assert json.loads(f.read_text())["zarr_format"] == 3
     root = zarr.open_group(url, mode="r")
-    assert root.attrs["daskrl"]["format_version"] == FORMAT_VERSION == "2.2"
+    assert root.attrs["daskrl"]["format_version"] == FORMAT_VERSION == "2.3"
     with zipfile.ZipFile(tmp_path / "s" / path) as z:
         assert z.testzip() is None
         infos = z.infolist()
