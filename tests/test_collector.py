@@ -127,7 +127,7 @@ def test_memory_store_with_in_process_workers(inproc_client):
     with daskrl.Collector(COUNTING, TagPolicy(), url, client=inproc_client, envs_per_worker=2,
                           frames_per_batch=10, total_frames=40) as collector:
         handles = list(collector)
-        assert handles[0].store == url
+        assert handles[0].store_url == url
         assert handles[0].load()["observation"].shape == (5, 2, 2)
     assert len(daskrl.open_store(url)) == 4
 

@@ -1,6 +1,6 @@
 """Batch handles: the small, picklable records that travel back to the learner.
 
-A handle names its store by URL and carries no credentials: a store that needs
+A handle names its store by URL (:attr:`BatchHandle.store_url`) and carries no credentials: a store that needs
 ``storage_options`` is read through its store object.  A handle a collector hands over keeps
 a reference to the collector's store in this process (never pickled, never compared), so
 ``handle.load()`` works there; elsewhere pass ``store=`` (or ``store.load(handle)``).  This
@@ -10,6 +10,7 @@ module does not import the store module at import time.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -27,7 +28,7 @@ __all__ = ["BatchHandle"]
 class BatchHandle:
     """Where a committed batch lives and what it holds; carries no data and no credentials."""
 
-    store: str
+    store_url: str
     """URL of the store (``file:///...``, ``s3://...``, ``memory://...``)."""
     batch_id: int
     """Unique within the store."""
@@ -75,7 +76,17 @@ class BatchHandle:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "store" in state:  # pickled when the URL's field was named ``store``
+            state = {"store_url": state["store"], **state}
+            del state["store"]
         self.__dict__.update(state)
+
+    @property
+    def store(self) -> str:
+        """Deprecated name of :attr:`store_url` (``load(store=...)`` takes a store object)."""
+        warnings.warn("BatchHandle.store is deprecated: it is the store's URL, now named "
+                      "BatchHandle.store_url.", DeprecationWarning, stacklevel=2)
+        return self.store_url
 
     def to_wire(self) -> tuple[Any, ...]:
         """The handle's fields as plain values (msgpack's types), in field order: what a
@@ -164,9 +175,9 @@ class BatchHandle:
             return store
         if storage_options is None and self.needs_options:
             raise StoreOptionsRequiredError(
-                f"batch {self.batch_id} is in the store {self.store!r}, which needs "
+                f"batch {self.batch_id} is in the store {self.store_url!r}, which needs "
                 f"storage_options, and a handle carries none{hint}")
-        return TrajectoryStore(self.store, storage_options)
+        return TrajectoryStore(self.store_url, storage_options)
 
     def reading_store(self, store: TrajectoryStore | None = None,
                       storage_options: Mapping[str, Any] | None = None) -> TrajectoryStore:
@@ -183,7 +194,7 @@ class BatchHandle:
 
     def record(self) -> dict[str, Any]:
         """Plain-JSON metadata, as stored in the batch's commit record."""
-        skip = {"store", "policy_lag", "write_seconds", "needs_options", "_store_object"}
+        skip = {"store_url", "policy_lag", "write_seconds", "needs_options", "_store_object"}
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.name not in skip}
         d["episode_returns"] = list(self.episode_returns)
@@ -193,18 +204,19 @@ class BatchHandle:
         return d
 
     @classmethod
-    def from_record(cls, store: str, rec: Mapping[str, Any], policy_lag: int = 0, *,
+    def from_record(cls, store_url: str, rec: Mapping[str, Any], policy_lag: int = 0, *,
                     needs_options: bool = False) -> BatchHandle:
-        """Rebuild a handle from a commit record (``needs_options``: the store has
-        ``storage_options``)."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"needs_options", "_store_object"}
+        """Rebuild a handle of the store at ``store_url`` from a commit record
+        (``needs_options``: the store has ``storage_options``)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"store_url", "needs_options",
+                                                            "_store_object"}
         kw = {k: v for k, v in rec.items() if k in names}
         kw["episode_returns"] = tuple(kw.get("episode_returns", ()))
         kw["episode_lengths"] = tuple(kw.get("episode_lengths", ()))
         kw["shape"] = tuple(kw.get("shape", (0, 0)))
         kw["episode_stats"] = tuple((float(r), int(n), float(s))
                                     for r, n, s in kw.get("episode_stats", ()))
-        return cls(store=store, policy_lag=policy_lag, needs_options=needs_options, **kw)
+        return cls(store_url=store_url, policy_lag=policy_lag, needs_options=needs_options, **kw)
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(BatchHandle))

@@ -249,9 +249,9 @@ class TrajectoryStore:
         ``"observation/desired_goal"``, ``"info"``).  ``flat=True``: every array under its
         name instead, ``{"observation/desired_goal": tensor, ...}``."""
         if isinstance(batch, BatchHandle):
-            if normalize_url(batch.store) != self.url:
+            if normalize_url(batch.store_url) != self.url:
                 raise UsageError(f"the handle of batch {batch.batch_id} belongs to the store "
-                                 f"{batch.store!r}, not to {self.url!r}.")
+                                 f"{batch.store_url!r}, not to {self.url!r}.")
             out = self._reader.load_path(batch.path, device, keys, batch.batch_id)
         else:
             out = self._reader.load_path(self._index.record(batch)["path"], device, keys, None)

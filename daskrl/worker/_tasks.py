@@ -160,7 +160,7 @@ def _collect_and_write(plugin: CollectorPlugin, worker: Worker,
                                task.batch_id, task.stream, str(e).splitlines()[0], where)
     t0 = time.perf_counter()
     handle = BatchHandle(
-        store=plugin.store_url,
+        store_url=plugin.store_url,
         batch_id=task.batch_id,
         frames=task.steps * cfg.envs_per_worker,
         weights_version=task.weights_version,

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _handle(batch_id: int, version: int, returns: tuple[float, ...] = (), worker="tcp://w:1"):
-    return BatchHandle(store="file:///nowhere", batch_id=batch_id, frames=10,
+    return BatchHandle(store_url="file:///nowhere", batch_id=batch_id, frames=10,
                        weights_version=version, policy_lag=0, worker=worker, device="cpu",
                        episode_returns=returns, episode_lengths=tuple(int(r) for r in returns),
                        path=f"batches/{batch_id:012d}-x.zip", shape=(5, 2),

@@ -21,7 +21,7 @@ def _through_comm(msg):
 
 
 def _handle(**changes) -> BatchHandle:
-    h = BatchHandle(store="file:///tmp/s", batch_id=7, frames=64, weights_version=3,
+    h = BatchHandle(store_url="file:///tmp/s", batch_id=7, frames=64, weights_version=3,
                     policy_lag=1, worker="tcp://10.0.0.2:4000", device="cpu",
                     episode_returns=(1.5, 2.0), episode_lengths=(3, 4),
                     path="runs/0000/batches/0000000007.zip", shape=(8, 8),
