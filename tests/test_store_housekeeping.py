@@ -103,9 +103,12 @@ def test_a_listed_record_is_rechecked_by_identity_and_reread_when_changed(tmp_pa
 def test_cli_inspect_gc_and_prune(tmp_path, capsys, monkeypatch):
     url = str(tmp_path / "s")
     _write(url, 4)
-    dead = tmp_path / "s" / "batches" / "000000000009-deadbeef0000"
-    dead.mkdir()
-    (dead / "zarr.json").write_text("{}")
+    dead = tmp_path / "s" / "batches" / "000000000009-deadbeef0000.zip"
+    dead.write_text("{}")
+    # a directory named like an attempt is no container of format 2.x: not the store's own
+    foreign = tmp_path / "s" / "batches" / "000000000010-deadbeef0000"
+    foreign.mkdir()
+    (foreign / "zarr.json").write_text("{}")
     png = tmp_path / "returns.png"
     out = daskrl_main("inspect", url, "--plot", str(png))
     assert out.returncode == 0, out.stderr
@@ -133,6 +136,7 @@ def test_cli_inspect_gc_and_prune(tmp_path, capsys, monkeypatch):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("removed 1 uncommitted attempts and 0 partial files (2 bytes)")
     assert not dead.exists() and len(daskrl.open_store(url)) == 4
+    assert (foreign / "zarr.json").read_text() == "{}"
 
     with monkeypatch.context() as hidden:  # matplotlib not installed, as far as imports go
         hidden.setitem(sys.modules, "matplotlib", None)

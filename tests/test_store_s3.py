@@ -161,13 +161,14 @@ def test_collector_on_s3_then_readers_and_housekeeping(s3, inproc_client):
     fs = s3fs.S3FileSystem(**{k: v for k, v in options.items() if k != "endpoint_url"},
                            endpoint_url=options["endpoint_url"])
     dead = f"{url[5:]}/batches/{ids[-1] + 1:012d}-deadbeef0000.zip"
-    old = f"{url[5:]}/batches/{ids[-1] + 2:012d}-deadbeef0000"  # a 1.x attempt directory
+    foreign = f"{url[5:]}/batches/{ids[-1] + 2:012d}-deadbeef0000/zarr.json"  # not a container
     fs.pipe_file(dead, b"PK\x05\x06" + bytes(18))
-    fs.pipe_file(f"{old}/zarr.json", b"{}")
-    garbage = (dead.split("/", 2)[2], old.split("/", 2)[2])
+    fs.pipe_file(foreign, b"{}")
+    garbage = (dead.split("/", 2)[2],)
     assert writable.collect_garbage(older_than=3600).kept == garbage
     report = writable.collect_garbage(older_than=0)
-    assert report.attempts == garbage and report.bytes == 22 + 2
+    assert report.attempts == garbage and report.bytes == 22
+    assert fs.cat_file(foreign) == b"{}"
     assert store.batch_ids() == ids[2:] and store.load(ids[-1])["reward"].shape == (6, 2)
 
 

@@ -70,7 +70,7 @@ class Backend(Protocol):
     def delete_prefix(self, prefix: str) -> None: ...
     def rename(self, src: str, dst: str) -> None: ...
     def list_dir(self, prefix: str) -> list[str]: ...
-    def files(self, prefix: str, dirs: bool = False) -> list[FileInfo]: ...
+    def files(self, prefix: str) -> list[FileInfo]: ...
     def root_files(self) -> list[FileInfo]: ...
     def remove_empty_dirs(self, prefix: str, older_than: float) -> None: ...
     def invalidate(self, prefix: str) -> None: ...
@@ -167,16 +167,11 @@ class LocalBackend:
     def list_dir(self, prefix: str) -> list[str]:
         return sorted(local_io.listdir(Path(self.root), prefix))
 
-    def files(self, prefix: str, dirs: bool = False) -> list[FileInfo]:
-        """Every file under ``prefix``; ``dirs=True`` adds directories (size 0): a writer
-        creates them before its files."""
+    def files(self, prefix: str) -> list[FileInfo]:
+        """Every file under ``prefix``."""
         root = Path(self.root)
         out: list[FileInfo] = []
         for dirpath, _, names in os.walk(root / prefix):
-            if dirs:
-                with contextlib.suppress(FileNotFoundError):
-                    out.append((Path(dirpath).relative_to(root).as_posix(), 0,
-                                os.stat(dirpath).st_mtime))
             for name in names:
                 p = Path(dirpath) / name
                 try:
@@ -380,9 +375,8 @@ class FsspecBackend:
             return []
         return sorted({self._key(p).rsplit("/", 1)[-1] for p in listed} - {""})
 
-    def files(self, prefix: str, dirs: bool = False) -> list[FileInfo]:
-        """Every object under ``prefix`` (object stores have no directories: ``dirs`` adds
-        nothing)."""
+    def files(self, prefix: str) -> list[FileInfo]:
+        """Every object under ``prefix``."""
         path = self._path(prefix)
         self.fs.invalidate_cache(path)
         try:

@@ -2,12 +2,10 @@
 
 Every operation is safe while workers write and learners read:
 
-* **Deleting a batch** removes its commit record first, then its data (one zip container in
-  format 2.x, a directory tree in 1.x).  A batch disappears from listings at once; a reader
+* **Deleting a batch** removes its commit record first, then its zip container.  A batch disappears from listings at once; a reader
   already loading it gets :class:`~daskrl.BatchNotFoundError` (``load`` re-checks the commit
   record after reading), never a half-deleted batch.
-* **Garbage** is what no commit record reaches: attempts (containers or 1.x directories) of
-  crashed or losing writers, and ``*.partial`` temporary files.
+* **Garbage** is what no commit record reaches: containers of crashed or losing writers, and ``*.partial`` temporary files.
   :meth:`Housekeeping.collect_garbage` deletes only garbage older than a grace period, so a
   writer still writing (its files are fresh) is never disturbed; committed batches are never
   touched.
@@ -50,8 +48,7 @@ class GarbageReport:
     """What :meth:`~daskrl.TrajectoryStore.collect_garbage` removed (or would remove)."""
 
     attempts: tuple[str, ...]
-    """Uncommitted attempts removed (``batches/<id>-<attempt>.zip``, or a 1.x directory
-    ``batches/<id>-<attempt>``)."""
+    """Uncommitted attempts removed (``batches/<id>-<attempt>.zip``)."""
     partial_files: tuple[str, ...]
     """``*.partial`` temporary files removed."""
     bytes: int
@@ -71,23 +68,14 @@ class Housekeeping:
         self.url = docs.url
 
     def attempt_sizes(self) -> dict[str, tuple[int, float]]:
-        """``{attempt path: (bytes, newest mtime)}`` of everything under ``batches/``: zip
-        containers and 1.x attempt directories (``batches/<name>``), from one listing."""
+        """``{path: (bytes, mtime)}`` of every file directly under ``batches/`` but its group
+        document (zip containers, and anything else put there), from one listing."""
         out: dict[str, tuple[int, float]] = {}
-        for key, size, mtime in self.backend.files(BATCHES, dirs=True):
+        for key, size, mtime in self.backend.files(BATCHES):
             parts = key.split("/")
-            if len(parts) < 2 or parts[1] == GROUP_DOC:
-                continue
-            attempt = "/".join(parts[:2])
-            total, newest = out.get(attempt, (0, 0.0))
-            out[attempt] = (total + size, max(newest, mtime))
+            if len(parts) == 2 and parts[1] != GROUP_DOC:
+                out[key] = (size, mtime)
         return out
-
-    def _delete_attempt_data(self, path: str) -> None:
-        if path.endswith(".zip"):
-            self.backend.delete(path)
-        else:
-            self.backend.delete_prefix(path)
 
     # -- deletion -------------------------------------------------------------------------------
     def delete_batches(self, batch_ids: Iterable[int]) -> list[int]:
@@ -108,8 +96,8 @@ class Housekeeping:
             self.backend.delete(commit_key(bid))  # the batch is gone from here on
             self.backend.delete_prefix(commit_dir(bid))
             path = (rec.get("attributes") or {}).get("path")
-            if isinstance(path, str) and path.startswith(f"{BATCHES}/") and path.count("/") == 1:
-                self._delete_attempt_data(path)
+            if isinstance(path, str) and _is_attempt(path):
+                self.backend.delete(path)
             deleted.append(bid)
             logger.info("deleted batch %d of %s", bid, self.url)
         return deleted
@@ -139,7 +127,7 @@ class Housekeeping:
         before and after the delete, and a record that names the deleted container (made in
         between) is removed: the batch is lost then, never visible and unreadable.
         """
-        if self.backend.renames_atomically and path.endswith(".zip"):
+        if self.backend.renames_atomically:
             aside = path + ASIDE
             if not moved:
                 try:
@@ -154,7 +142,7 @@ class Housekeeping:
             return True
         if self.index.names(path):
             return False
-        self._delete_attempt_data(path)
+        self.backend.delete(path)
         if self.index.names(path):
             logger.error("batch %s of %s was committed while its container %r was being "
                          "collected as garbage; the batch is lost and its commit record removed "
@@ -173,10 +161,9 @@ class Housekeeping:
         removed: list[str] = []
         kept: list[str] = []
         freed = 0
-        # 1. attempts (containers, 1.x directories) no commit record names
+        # 1. containers no commit record names
         for path, (size, newest) in sorted(self.attempt_sizes().items()):
-            name = path.split("/", 1)[1]
-            if path in committed or not ATTEMPT_NAME.fullmatch(name):
+            if path in committed or not _is_attempt(path):
                 continue
             if now - newest < older_than:
                 kept.append(path)
@@ -196,8 +183,7 @@ class Housekeeping:
         partials: list[str] = []
         if self.backend.leaves_partial_files:
             for key, size, mtime in self._own_files():
-                if not OWN_PARTIAL.fullmatch(key) or any(key.startswith(p + "/")
-                                                         for p in removed):
+                if not OWN_PARTIAL.fullmatch(key):
                     continue
                 if now - mtime < older_than:
                     kept.append(key)
@@ -220,3 +206,9 @@ class Housekeeping:
             out += self.backend.files(sub)
         out += [f for f in self.backend.root_files() if OWN_PARTIAL.fullmatch(f[0])]
         return out
+
+
+def _is_attempt(path: str) -> bool:
+    """Whether ``path`` is ``batches/<id:012d>-<attempt>.zip``."""
+    parts = path.split("/")
+    return len(parts) == 2 and parts[0] == BATCHES and ATTEMPT_NAME.fullmatch(parts[1]) is not None

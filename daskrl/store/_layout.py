@@ -117,9 +117,8 @@ ROOT_PARTIAL = re.compile(r"zarr\.[0-9a-f]{32}\.partial")
 OWN_PARTIAL = re.compile(r"(?:(?:runs|batches|commits)/(?:[^/]+/)*)?[^/]+\.[0-9a-f]{32}\.partial")
 """Temporary files daskrl (and zarr's ``LocalStore``) leave when a local write is cut:
 ``<name>.<32 hex>.partial``, at the root or under ``runs/``, ``batches/``, ``commits/``."""
-ATTEMPT_NAME = re.compile(r"\d{12}-[0-9A-Za-z]+(?:\.zip)?")
-"""Name of an attempt under ``batches/``: ``<id:012d>-<attempt>.zip`` (2.x) or a 1.x
-directory ``<id:012d>-<attempt>``."""
+ATTEMPT_NAME = re.compile(r"\d{12}-[0-9A-Za-z]+\.zip")
+"""Name of an attempt under ``batches/``: ``<id:012d>-<attempt>.zip``."""
 ASIDE = ".gc"
 """Suffix of a container a collector renamed aside before deleting it (local stores)."""
 

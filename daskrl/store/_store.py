@@ -261,13 +261,12 @@ class TrajectoryStore:
         self, path: str, device: torch.device | str | None = None,
         keys: Sequence[str] | None = None, batch_id: int | None = None, *, flat: bool = False,
     ) -> dict[str, Any]:
-        """Load the batch at ``path`` (as named by a commit record): a zip container
-        (``.zip``, format 2.x) or a group directory (format 1.x).
+        """Load the batch at ``path`` (as named by a commit record): its zip container.
 
         The container and every array's metadata (the allowlist of the store format) are
         checked before any data is read; each array is decoded straight into one tensor
         (pinned when ``device`` is CUDA) and moved to ``device`` with one copy.  ``path`` must
-        be an attempt ``batches/<id:012d>-<attempt>[.zip]`` (of ``batch_id`` when given);
+        be an attempt ``batches/<id:012d>-<attempt>.zip`` (of ``batch_id`` when given);
         anything else is refused (:class:`StoreFormatError`).  Structured arrays come nested,
         as from :meth:`load` (each under its name with ``flat=True``).
         """
@@ -301,7 +300,7 @@ class TrajectoryStore:
         _moved("episodes")
 
     def array_names(self, path: str) -> list[str]:
-        """Names of the arrays of the batch at ``path`` (a container or a 1.x group)."""
+        """Names of the arrays of the batch in the container at ``path``."""
         return self._reader.array_names(path)
 
     def batch_sizes(self, batch_id: int, path: str) -> BatchSizes | None:
@@ -327,7 +326,8 @@ class TrajectoryStore:
 
     # -- housekeeping --------------------------------------------------------------------------
     def attempt_sizes(self) -> dict[str, tuple[int, float]]:
-        """``{attempt path: (bytes, newest mtime)}`` of everything under ``batches/``."""
+        """``{path: (bytes, mtime)}`` of every file directly under ``batches/`` (containers,
+        committed or not, and anything else put there)."""
         return self._housekeeping.attempt_sizes()
 
     def delete_batches(self, batch_ids: Iterable[int]) -> list[int]:
