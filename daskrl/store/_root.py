@@ -1,8 +1,9 @@
 """A store's root document: creating a new store, and checking an existing one's format.
 
 The root ``zarr.json`` says the hierarchy is a daskrl store (``attributes.daskrl.format``) and
-of which format version; this daskrl reads and writes :data:`~daskrl.store._layout.FORMAT_VERSION`
-(2.x) only.
+of which format version.  This daskrl reads a store of any version whose major is in
+:data:`~daskrl.store._layout.READ_MAJORS` (2.x) and adds runs and batches to it; it creates
+stores at :data:`~daskrl.store._layout.FORMAT_VERSION`.
 """
 
 from __future__ import annotations

@@ -147,8 +147,8 @@ def decode_chunk(data: Any, layout: ArrayLayout, out: np.ndarray) -> None:
 
 
 def _codec_decode(decompress: Any, name: str, buf: np.ndarray, out: np.ndarray) -> None:
-    """numcodecs' own decompressor (its codec classes' ``decode`` adds ~5 µs of buffer checks
-    a call, a third of decoding a small chunk; ``out`` is C-contiguous here)."""
+    """numcodecs' own decompressor (its codec classes' ``decode`` adds buffer checks to every
+    call, a large share of decoding a small chunk; ``out`` is C-contiguous here)."""
     try:
         decompress(buf, out.reshape(-1).view(np.uint8))
     except Exception as e:  # the codec's own errors (RuntimeError, ValueError) name no chunk

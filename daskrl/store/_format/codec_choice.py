@@ -1,9 +1,9 @@
 """Which arrays a writer compresses: those whose compression saves enough.
 
-Compression pays for itself on pixels (80x) and on large arrays of flags or ids (10-500x) but
-not on low-dimensional float observations (random walks, actions, log-probs: 1.08x with zstd), where
-it only costs time: encoding at ~1 GB/s and decoding at ~1.3 GB/s against a page cache that
-moves several GB/s.  A :class:`CodecChoices` remembers, per array of a stream of batches
+Compression pays for itself on pixels and on large arrays of flags or ids, but not on
+low-dimensional float observations (random walks, actions, log-probs barely shrink), where it
+only costs time: a codec encodes and decodes slower than a page cache moves bytes.  The store
+format's page ("Raw where compression gains little") has the figures.  A :class:`CodecChoices` remembers, per array of a stream of batches
 (one writer's stream, an array's name, dtype and trailing shape), whether the compressor
 saved at least :data:`MIN_SAVING` of the array's bytes, and :data:`MIN_SAVED_BYTES` (64 KiB),
 the last time it was tried, and the encoder (:mod:`.encode`) stores the array raw (codecs ``bytes`` ->
@@ -29,14 +29,12 @@ MIN_SAVING = 0.10
 chunks' bytes ..."""
 
 MIN_SAVED_BYTES = 64 << 10
-"""... and at least this many bytes smaller: reading a compressed chunk costs ~25 µs however
-small it is (the codec's set-up, its header and scratch checks, the reader's path for it; measured
-on the ids and steps of 4096-frame batches), the time a page cache moves 64-100 KiB, so the ids,
-steps and flags of a batch of a few thousand frames (4-32 KiB each) are read faster raw than
-decoded, for at most 64 KiB more on disk per array. Their compressed sizes also vary from batch
+"""... and at least this many bytes smaller: reading a compressed chunk has a fixed cost however
+small it is (the codec's set-up, its header and scratch checks, the reader's path for it), about
+the time a page cache moves this many bytes, so the ids, steps and flags of a batch of a few
+thousand frames are read faster raw than decoded, for at most 64 KiB more on disk per array. Their compressed sizes also vary from batch
 to batch, where raw sizes do not: a batch of raw arrays has the layout of the first batch of its
-shape, which the reader's compiled plans recognise. Larger batches' ids (256 KiB at 32k frames)
-are compressed."""
+shape, which the reader's compiled plans recognise. Larger batches' ids are compressed."""
 
 RETRY_EVERY = 64
 """A raw array's compression is tried again on every ``RETRY_EVERY``-th batch."""

@@ -2,8 +2,8 @@
 
 A batch is a zarr v3 group: a ``zarr.json`` per array and one member per chunk, each chunk
 passed through the codec chain ``bytes`` -> compressor -> ``crc32c``.  zarr-python's
-array-creation path costs ~2-3 ms of Python per array, a fifth of a CartPole batch's rollout;
-this module writes exactly the bytes zarr-python would (checked byte for byte in the tests)
+array-creation path costs milliseconds of Python per array, a large share of a small batch's
+rollout; this module writes exactly the bytes zarr-python would (checked byte for byte in the tests)
 without it.  :func:`encode_batch` returns an :class:`EncodedBatch`: the members in archive
 order (chunks first, then the documents, which then lie next to the central directory where a
 reader's one read at the end finds both) and what a writer needs to put them in a file, whole
@@ -45,7 +45,7 @@ _DTYPES = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}
 
 def group_document(attributes: dict[str, Any]) -> bytes:
     """``zarr.json`` of a group, on one line (json's C encoder: an indented document takes the
-    pure-Python one, ~3x slower, and every batch writes one)."""
+    slower pure-Python one, and every batch writes one)."""
     doc = {"zarr_format": 3, "node_type": "group", "attributes": attributes}
     return json.dumps(doc).encode()
 
@@ -84,8 +84,7 @@ _RAW = "none"
 _ZSTD_SHUFFLE = "zstd-shuffle"
 """The codec a writer's choices use for ``zstd`` on elements of more than one byte: blosc's
 zstd (level 1) after a byte shuffle, which groups the bytes of equal significance (ids, steps,
-counts, sparse rewards: 10-50x smaller than plain zstd makes them, and 5-10x faster to
-decode)."""
+counts, sparse rewards: much smaller than plain zstd makes them, and faster to decode)."""
 
 
 def _codecs(dtype: np.dtype, codec: str) -> list[dict[str, Any]]:

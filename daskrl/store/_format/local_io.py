@@ -1,8 +1,8 @@
 """Plain file I/O for stores on a local (or POSIX shared) filesystem, without an event loop.
 
 zarr's ``LocalStore`` runs every get and set through its event-loop thread and a thread hop
-(and writes each file as temp + rename): ~100 µs per file, which is most of the cost of writing
-or reading a 4096-frame batch of low-dimensional observations.  The commit protocol makes most
+(and writes each file as temp + rename), which is most of the cost of writing or reading a
+batch of a few thousand frames of low-dimensional observations.  The commit protocol makes most
 of that unnecessary:
 
 * an attempt's container (``batches/<id>-<attempt>.zip``) is written in place with an exclusive create (never overwriting
@@ -48,7 +48,7 @@ def _cpus() -> int:
 def thread_pool(kind: str = "io") -> concurrent.futures.ThreadPoolExecutor:
     """This process's pool of ``kind``: ``"io"`` for chunk writes that wait on the filesystem
     (a few more threads than CPUs), ``"cpu"`` for reads checked and decoded in memory (one
-    thread per CPU: more only contend for the caches, measured ~30 % slower on a 58 MiB batch).
+    thread per CPU: more only contend for the caches, and read a large batch slower).
     Pools are recreated after a fork, whose child has none of the parent's threads."""
     with _POOL_LOCK:
         pool = _POOLS.get(kind)

@@ -1,7 +1,7 @@
 """The batch container of store format 2.x: an uncompressed (stored) ZIP archive.
 
 A batch is one file instead of a directory tree: on a local filesystem a directory costs a
-``mkdir`` (~0.1-0.3 ms of kernel time on ext4) and every file a create; on shared filesystems
+``mkdir`` and every file a create; on shared filesystems
 each is a metadata-server operation and on object stores a request.  ZIP is the container that
 zarr (``zarr.storage.ZipStore``), Python (``zipfile``) and every platform read without daskrl.
 
@@ -28,8 +28,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-# zlib-ng's CRC-32 runs ~7-10x faster than the stdlib's zlib 1.2 (26 vs 3.7 GB/s here); ZIP
-# needs one per member, over every byte of the batch.
+# zlib-ng's CRC-32 runs several times faster than the stdlib's zlib 1.2; ZIP needs one per
+# member, over every byte of the batch.
 from zlib_ng.zlib_ng import crc32 as _crc32
 
 from daskrl.errors import StoreFormatError
