@@ -6,9 +6,11 @@
   (directory, array layouts), under :class:`ReadLimits`;
 * :func:`read_batch`: the arrays of an indexed container as numpy arrays.
 
-Modules: ``encode`` (writing), ``zip_container`` (the archive format), ``allowlist`` (what an
+Modules: ``encode`` (writing), ``zip_container`` (the archive format; ``zip_write`` lays one
+out, ``zip_read`` parses its directory), ``allowlist`` (what an
 array's ``zarr.json`` may say), ``chunks`` (decoding one chunk), ``index`` (directory and
-metadata checks, the one decode cache), ``read`` (planner and executors), ``_source`` (byte
+metadata checks, the one decode cache), ``read`` (reading a batch: its planner in
+``read_plan``, its local executors in ``read_local`` and ``read_compiled``), ``_source`` (byte
 sources), ``_limits`` (limits and thresholds), ``local_io`` (safe local file I/O, also used by
 the store for its documents).  ``docs/store-format.md`` describes the format.
 """

@@ -26,6 +26,7 @@ import numpy as np
 from daskrl._checksums import crc32c
 from daskrl.errors import UnsupportedDtypeError
 from daskrl.store._format import zip_container as zc
+from daskrl.store._format import zip_write
 from daskrl.store._format.codec_choice import CodecChoices
 from daskrl.store._format.compression import Compression
 
@@ -211,10 +212,10 @@ class EncodedBatch:
     entries: list[tuple[str, list[Any]]]
 
     @functools.cached_property
-    def plan(self) -> zc.Plan:
+    def plan(self) -> zip_write.Plan:
         """Where each member goes (offsets and sizes; raises :class:`~.zip_container.ZipFormatError`
         for a member of 4 GiB or more)."""
-        return zc.plan_archive(self.entries)
+        return zip_write.plan_archive(self.entries)
 
     @property
     def nbytes(self) -> int:
@@ -223,7 +224,7 @@ class EncodedBatch:
 
     def parts(self) -> list[Any]:
         """The whole container as buffers, in order (CRC-32s computed here)."""
-        return zc.build_archive(self.entries).parts
+        return zip_write.build_archive(self.entries).parts
 
     def member_crc(self, i: int) -> int:
         """ZIP CRC-32 of member ``i`` (releases the GIL: may run in a thread pool)."""

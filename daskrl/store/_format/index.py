@@ -35,6 +35,7 @@ import numpy as np
 from daskrl._nested import valid_name
 from daskrl.errors import ArrayNotFoundError, BatchDataMissingError, StoreFormatError
 from daskrl.store._format import zip_container as zc
+from daskrl.store._format import zip_read
 from daskrl.store._format._limits import (
     DEFAULT_LIMITS,
     LOCAL_TAIL_BYTES,
@@ -143,7 +144,7 @@ def read_index(source: ByteSource, names: Sequence[str] | None = None, *,
     except FileNotFoundError:
         raise BatchDataMissingError(f"{where}: the container is missing.") from None
     try:
-        d = zc.find_directory(tail, size - len(tail), size, limits.max_directory_bytes)
+        d = zip_read.find_directory(tail, size - len(tail), size, limits.max_directory_bytes)
         tail_offset = size - len(tail)
         if d.offset >= tail_offset:
             cd: bytes | memoryview = memoryview(tail)[d.offset - tail_offset:d.offset - tail_offset + d.size]
@@ -158,7 +159,7 @@ def read_index(source: ByteSource, names: Sequence[str] | None = None, *,
     return index
 
 
-def _structure(cd: bytes | memoryview, d: zc.Directory, where: str
+def _structure(cd: bytes | memoryview, d: zip_read.Directory, where: str
                ) -> tuple[_Structure, dict[str, int]]:
     known = _CACHE.get(("crc positions", d))
     if isinstance(known, np.ndarray):
@@ -171,12 +172,12 @@ def _structure(cd: bytes | memoryview, d: zc.Directory, where: str
             hit = _CACHE.get(("directory", d, masked.tobytes()))
             if isinstance(hit, _Structure):
                 return hit, dict(zip(hit.names, view[known].view("<u4").tolist()))
-    masked_crcs = zc.mask_crcs(cd, d.count)
+    masked_crcs = zip_read.mask_crcs(cd, d.count)
     key = ("directory", d, bytes(masked_crcs[0])) if masked_crcs is not None else None
     hit = _CACHE.get(key) if key is not None else None
     if isinstance(hit, _Structure) and masked_crcs is not None:
         return hit, dict(zip(hit.names, masked_crcs[1]))
-    members, crcs = zc.parse_directory(cd, d)
+    members, crcs = zip_read.parse_directory(cd, d)
     docs, chunks = _by_role(members, where)
     largest = {a: max(c.values(), key=lambda m: m.size) for a, c in chunks.items() if c}
     structure = _Structure(members, list(crcs), docs, chunks, largest)
@@ -368,7 +369,7 @@ def _member_bytes(source: ByteSource, index: BatchIndex, members: Sequence[zc.Me
             raw = memoryview(fetched[m.name])
         head = m.data_offset - m.offset
         try:
-            zc.check_local_header(raw[:head], m, index.crcs[m.name])
+            zip_read.check_local_header(raw[:head], m, index.crcs[m.name])
         except zc.ZipFormatError as e:
             raise refuse(where, str(e)) from None
         data = raw[head:]
