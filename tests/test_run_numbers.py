@@ -1,7 +1,7 @@
 """A store's runs past the 550 that format 2.2 could number, collected for real on an
 in-process cluster: the last run a store can have, and a store written by daskrl's format 2.2
-(``tests/data/store-2.2``, see :func:`test_a_2_2_store_reads_its_episode_ids_unchanged`)
-continued past run 549, its own ids unchanged."""
+(``tests/data/store-2.2``, made by ``tests/data/make_store_2_2.py`` with the daskrl before
+this packing) continued past run 549, its own ids unchanged."""
 
 from __future__ import annotations
 
