@@ -94,9 +94,9 @@ def batch_to_xarray(handle: BatchHandle, keys: Sequence[str] | None = None, *,
     checked reader when computed; attributes ``batch_id``, ``weights_version``, ``worker``,
     ``device``.  ``store`` and ``storage_options``: as for :meth:`~daskrl.BatchHandle.load`."""
     store = handle.reading_store(store, storage_options)
-    if normalize_url(handle.store) != store.url:
+    if normalize_url(handle.store_url) != store.url:
         raise UsageError(f"the handle of batch {handle.batch_id} belongs to the store "
-                         f"{handle.store!r}, not to {store.url!r}.")
+                         f"{handle.store_url!r}, not to {store.url!r}.")
     ds = to_xarray(store, keys, layout="time", batch_ids=[handle.batch_id])
     ds.attrs.update(batch_id=handle.batch_id, weights_version=handle.weights_version,
                     worker=handle.worker, device=handle.device)
