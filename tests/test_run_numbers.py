@@ -15,6 +15,7 @@ import pytest
 
 import daskrl
 from daskrl import StoreError
+from daskrl.data import episodes as iter_store_episodes
 from daskrl.store._layout import (
     EXTENDED_FIRST_RUN,
     MAX_RUNS,
@@ -88,7 +89,7 @@ def test_the_last_run_a_store_can_have_collects_unique_episode_ids(tmp_path, inp
     ids = _check_run(store, last, 24)
     assert all(i < UNUSED_EPISODE_IDS.start for i in ids)
     assert len(ids) == 8  # 12 steps of each of 2 envs: 4 episodes of 3 steps each
-    episodes = list(store.episodes(complete_only=False))
+    episodes = list(iter_store_episodes(store, complete_only=False))
     assert len({ep.episode_id for ep in episodes}) == len(episodes)
     assert {ep.episode_id for ep in episodes if run_of(ep.batch_ids[0]) == last} == ids
     assert check_episode_continuity(store).transitions == 28
