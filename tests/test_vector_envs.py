@@ -217,7 +217,7 @@ def test_sub_process_error_names_the_env_index(parent_cluster, tmp_path):
         list(c)
     assert "injected step failure" in str(info.value)
     assert "--- the sub-process's traceback ---" in str(info.value)
-    assert "testing.py" in str(info.value)  # where it was raised, in the sub-process
+    assert "_faulty_env.py" in str(info.value)  # where it was raised, in the sub-process
 
 
 def _children(client) -> dict[str, int]:
