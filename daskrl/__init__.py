@@ -55,7 +55,7 @@ from daskrl.errors import (
 
 # Everything but the errors is imported on first use (PEP 562 ``__getattr__``), so that
 # ``import daskrl`` (the CLI, a Dask worker's preload) does not import torch, gymnasium, zarr
-# and Dask until something needs them: ``from daskrl import Collector`` works as before.
+# and Dask until something needs them; ``from daskrl import Collector`` imports what it needs.
 _LAZY = {
     # weights: the learner's policy as plain CPU numpy arrays
     "WeightsSnapshot": "daskrl.weights",

@@ -12,7 +12,8 @@ __all__ = ["MAX_QUEUE", "TensorBoardLogger"]
 
 MAX_QUEUE = 1000
 """Events queued for the writer's thread before ``log_metrics`` waits for the disk (the
-writer's own default, 10, made the learner wait ~10 ms per batch of 23 episodes; 1000: ~2 ms)."""
+writer's own default, 10, is less than a batch's episodes often are, so the learner would wait
+for the disk at almost every batch)."""
 
 
 class TensorBoardLogger:
