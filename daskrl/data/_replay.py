@@ -35,7 +35,7 @@ class ReplayDataset(IterableDataset):
     random among those committed, and draws every sample from a batch of the pool chosen at
     random for that sample; after each ``samples_per_batch`` samples, the pool's oldest batch
     makes way for a newly drawn one.  So a minibatch mixes up to ``resident_batches`` batches,
-    and a batch is read once per ``samples_per_batch`` samples, as before.
+    and a batch is read once per ``samples_per_batch`` samples.
 
     Parameters
     ----------
