@@ -329,7 +329,7 @@ def run_daskrl(client: Client, workload: tuple[object, torch.nn.Module, dict], u
     timed from just before iterating to the last handle (``batches=2``: a warm-up)."""
     env, policy, kw = workload
     n = kw["num_workers"]
-    collector = Collector(env, policy, url, client=client, sync=sync,
+    collector = Collector(env, policy, url, client=client, rounds=sync,
                           total_frames=batches * n * FRAMES_PER_BATCH, **kw)
     arrivals: dict[str, list[float]] = {}  # worker -> when the learner got each of its handles
     handles = []

@@ -71,7 +71,7 @@ def run(cluster, direct: bool, policy: torch.nn.Module, batches: int,
               daskrl.Collector("CartPole-v1", policy, store, client=client,
                                envs_per_worker=ENVS_PER_WORKER,
                                frames_per_batch=FRAMES_PER_BATCH,
-                               total_frames=FRAMES_PER_BATCH * (batches + 4), sync=sync) as c):
+                               total_frames=FRAMES_PER_BATCH * (batches + 4), rounds=sync) as c):
             it = iter(c)
             for _ in range(4):
                 next(it)

@@ -7,7 +7,7 @@ math, the same settings) on CartPole-v1 from the same seed; only the collection 
   ``SyncVectorEnv`` (same-step autoreset, as daskrl's envs), the agent sampling under
   ``torch.inference_mode()``, ``steps_per_batch`` steps a round into preallocated tensors, then
   the update, in this process, one torch thread;
-* ``daskrl``: the example's ``main``: a ``Collector(sync=True)`` on the embedded cluster of
+* ``daskrl``: the example's ``main``: a ``Collector(rounds=True)`` on the embedded cluster of
   ``num_workers`` workers, each collecting ``envs_per_worker x steps_per_batch`` a round, the
   learner loading the round from the store.
 

@@ -167,7 +167,7 @@ def collect_run(client: Client, sched: SchedulerMeter, store: str, n: int, batch
     policy = MLPPolicy(probe.observation_space, probe.action_space, hidden=HIDDEN)
     probe.close()
     kw = dict(envs_per_worker=args.envs_per_worker, frames_per_batch=args.frames_per_batch,
-              num_workers=n, sync=sync)
+              num_workers=n, rounds=sync)
     with Collector(ENV, policy, store + "-warm", client=client,
                    total_frames=n * args.frames_per_batch, **kw) as warm:
         for _ in warm:

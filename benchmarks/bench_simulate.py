@@ -80,7 +80,7 @@ def measure(client: Client, n: int, args: argparse.Namespace, store: str) -> dic
     env = "daskrl.testing:SlowEnv"  # imported by the workers
     sched = SchedulerMeter(client)
     t_start = time.perf_counter()
-    with daskrl.Collector(env, TagPolicy(), store, client=client, sync=False,
+    with daskrl.Collector(env, TagPolicy(), store, client=client, rounds=False,
                           env_kwargs={"delay": args.batch_seconds / args.steps,
                                       "length": 1000},
                           envs_per_worker=1, frames_per_batch=args.steps, num_workers=n,

@@ -80,7 +80,7 @@ def main() -> None:
                 for run, batches in (("warm", 2), ("timed", args.batches_per_worker)):
                     with get_task_stream(client) as stream, Collector(
                             "CartPole-v1", policy, f"{tmp}/{mode}-{run}", client=client,
-                            sync=mode == "sync", num_workers=n, envs_per_worker=ENVS_PER_WORKER,
+                            rounds=mode == "sync", num_workers=n, envs_per_worker=ENVS_PER_WORKER,
                             frames_per_batch=FRAMES_PER_BATCH,
                             total_frames=batches * n * FRAMES_PER_BATCH) as collector:
                         cpu = time.process_time()

@@ -68,7 +68,7 @@ def main() -> None:
         env = functools.partial(SlowEnv, 0.001)
         with daskrl.Collector(env, TagPolicy(), url, client=client, envs_per_worker=E,
                               frames_per_batch=args.frames_per_batch, total_frames=total,
-                              sync=False) as collector:
+                              rounds=False) as collector:
             for i, handle in enumerate(collector, 1):
                 if i % args.kill_every:
                     continue

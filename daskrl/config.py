@@ -7,10 +7,13 @@ validated in ``__post_init__`` on the learner, so bad input fails before any wor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
+from daskrl._renamed import Renamed
 from daskrl._settings import (
     DeviceSetting,
     WrapperSpec,
@@ -22,8 +25,8 @@ from daskrl._settings import (
 from daskrl.errors import ConfigError
 from daskrl.store._format.compression import Compression
 
-__all__ = ["REMOVED_OPTIONS", "CollectorConfig", "CollectorOptions", "Compression",
-           "check_option_names", "check_seconds"]
+__all__ = ["REMOVED_OPTIONS", "RENAMED_OPTIONS", "CollectorConfig", "CollectorOptions",
+           "Compression", "check_option_names", "check_seconds", "renamed_options"]
 
 MAX_FRAMES_PER_BATCH = 1 << 24
 """Frames of one batch must stay below this (batch data is indexed with 24 bits)."""
@@ -77,9 +80,11 @@ class CollectorConfig:
     reset_at_each_iter: bool = dataclasses.field(default=False, metadata={
         "help": "reset every env at the start of each batch instead of continuing episodes"})
     """Reset every env at the start of each batch instead of continuing episodes."""
-    sync: bool = dataclasses.field(default=True, metadata={
+    rounds: bool = dataclasses.field(default=True, metadata={
         "help": "rounds of batches on one weights version; off: first finished, first out"})
-    """True: rounds of batches on one weights version; False: first finished, first out."""
+    """True: rounds of batches on one weights version, handed over in batch order; False:
+    first finished, first out (``batches_in_flight`` per stream). ``sync`` is a deprecated
+    alias."""
     seed: int = dataclasses.field(
         default=0, metadata={"help": "root of every env's and policy's random stream"})
     """Root of every env's and policy's random stream."""
@@ -89,8 +94,8 @@ class CollectorConfig:
     streams. With several envs (``env=[...]``), a multiple of their number (default: the largest
     multiple the cluster's workers allow)."""
     batches_in_flight: int = dataclasses.field(default=2, metadata={
-        "help": "with sync off: batches queued or running per stream (backpressure)"})
-    """``sync=False``: batches queued or running per stream. Two keep a worker busy while the
+        "help": "with rounds off: batches queued or running per stream (backpressure)"})
+    """``rounds=False``: batches queued or running per stream. Two keep a worker busy while the
     learner takes the previous handle; it also bounds what the store and memory hold ahead of
     a slow learner (backpressure)."""
     compression: Compression = dataclasses.field(default=Compression.ZSTD, metadata={
@@ -185,6 +190,9 @@ class CollectorConfig:
         "flag": "by hand"})
     """With :attr:`vectorization_mode`: ``gymnasium.make_vec``'s ``vector_kwargs``, e.g.
     ``{"autoreset_mode": "SameStep"}`` or ``{"context": "spawn"}``."""
+    sync = Renamed("rounds")
+    """Deprecated alias of :attr:`rounds`."""
+
     def __post_init__(self) -> None:
         _positive_int("envs_per_worker", self.envs_per_worker)
         _positive_int("frames_per_batch", self.frames_per_batch)
@@ -325,7 +333,9 @@ class CollectorOptions(TypedDict, total=False):
     max_frames_per_traj: int | None
     init_random_frames: int
     reset_at_each_iter: bool
+    rounds: bool
     sync: bool
+    """Deprecated: :attr:`CollectorConfig.rounds`."""
     seed: int
     num_workers: int | None
     batches_in_flight: int
@@ -355,17 +365,52 @@ REMOVED_OPTIONS: dict[str, str] = {
 }
 """Options of earlier daskrl versions, and why they are gone."""
 
+RENAMED_OPTIONS: dict[str, str] = {"sync": "rounds"}
+"""Deprecated option names, and the option each is an alias of (it says "rounds", not a kind
+of client)."""
 
-def check_option_names(options: Mapping[str, Any]) -> None:
-    """Refuse a removed option, or a name that is not an option, with what to do instead."""
+
+def check_option_names(options: Mapping[str, Any], owner: str = "Collector") -> None:
+    """Refuse a removed option, or a name that is not an option, with what to do instead
+    (``owner`` names what was given them, for the message)."""
     import difflib
 
     names = [f.name for f in dataclasses.fields(CollectorConfig)]
     for name in options:
         if name in REMOVED_OPTIONS:
             raise ConfigError(f"{name} is no longer an option: {REMOVED_OPTIONS[name]}.")
-        if name not in names:
+        if name not in names and name not in RENAMED_OPTIONS:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{name!r} is not a Collector option.{hint} The options are "
+            raise ConfigError(f"{name!r} is not a {owner} option.{hint} The options are "
                               "CollectorConfig's fields (docs/collecting.md).")
+
+
+def renamed_options(options: Mapping[str, Any], stacklevel: int = 2) -> dict[str, Any]:
+    """``options`` with each deprecated name (:data:`RENAMED_OPTIONS`) replaced by the
+    option's name, with a :class:`DeprecationWarning` (at ``stacklevel``, counted from the
+    caller); :class:`ConfigError` where both names are given."""
+    out = dict(options)
+    for old, new in RENAMED_OPTIONS.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ConfigError(f"{old}= and {new}= are the same option: give {new}= only.")
+        warnings.warn(f"the option {old}= is deprecated: use {new}= (same meaning).",
+                      DeprecationWarning, stacklevel=stacklevel + 1)
+        out[new] = out.pop(old)
+    return out
+
+
+def _checked_init(init: Callable[..., None]) -> Callable[..., None]:
+    """``CollectorConfig.__init__`` that names an unknown keyword (and the option it may
+    have meant) and takes the deprecated names, instead of Python's bare ``TypeError``."""
+    @functools.wraps(init)
+    def __init__(self: CollectorConfig, *args: Any, **kwargs: Any) -> None:
+        check_option_names(kwargs, "CollectorConfig")
+        init(self, *args, **renamed_options(kwargs, stacklevel=2))
+
+    return __init__
+
+
+setattr(CollectorConfig, "__init__", _checked_init(CollectorConfig.__init__))  # noqa: B010

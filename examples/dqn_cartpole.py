@@ -1,6 +1,6 @@
 """DQN on CartPole-v1, off-policy and asynchronous, with a replay read from the daskrl store.
 
-Workers collect with an epsilon-greedy Q-network (``sync=False``: each worker starts its next
+Workers collect with an epsilon-greedy Q-network (``rounds=False``: each worker starts its next
 batch at once with the newest weights it has); the learner takes batches first-finished-first,
 reads each one from the store into a replay, and does gradient steps on uniform samples of it
 while the workers go on collecting. Epsilon is a buffer of the Q-network, so it travels to the
@@ -258,7 +258,7 @@ def main(args: Args) -> dict[str, typing.Any]:
     start = time.perf_counter()
     try:
         with daskrl.Collector(
-            args.env_id, q, str(run_dir / "store"), client=client, sync=False,
+            args.env_id, q, str(run_dir / "store"), client=client, rounds=False,
             num_workers=args.num_workers, envs_per_worker=args.envs_per_worker,
             frames_per_batch=args.envs_per_worker * args.steps_per_batch,
             total_frames=args.total_frames, seed=args.seed,

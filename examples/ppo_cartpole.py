@@ -1,7 +1,7 @@
 """PPO on CartPole-v1, on-policy, with daskrl collecting on Dask workers.
 
 Every round, each worker collects one batch of ``envs_per_worker`` envs x ``steps_per_batch``
-steps with the current weights (``sync=True``: the whole round uses one weights version); the
+steps with the current weights (``rounds=True``: the whole round uses one weights version); the
 learner loads the round's batches from the store, runs PPO epochs on them, and publishes the new
 weights for the next round. Episodes continue across batches, so advantages bootstrap from
 ``V(next_observation)`` at a batch's end, and only ``terminated`` (not ``truncated``) cuts the
@@ -260,7 +260,7 @@ def main(args: Args) -> dict[str, float]:
     start = time.perf_counter()
     try:
         with daskrl.Collector(
-            args.env_id, agent, str(run_dir / "store"), client=client, sync=True,
+            args.env_id, agent, str(run_dir / "store"), client=client, rounds=True,
             num_workers=args.num_workers, envs_per_worker=args.envs_per_worker,
             frames_per_batch=frames_per_batch, total_frames=args.total_frames, seed=args.seed,
             loggers=[tb] if tb is not None else [],

@@ -34,7 +34,7 @@ def _assert_tags_match(handle: daskrl.BatchHandle) -> None:
 def test_new_weights_reach_the_next_batch_while_others_are_in_flight(client, tmp_path):
     policy = TagPolicy()
     # A slow env, so that the stream's other batches are really still queued or running.
-    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, sync=False,
+    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, rounds=False,
                           envs_per_worker=2, frames_per_batch=20, total_frames=240,
                           env_kwargs={"delay": 0.002}) as collector:
         ahead = collector.num_streams * collector.config.batches_in_flight - 1
@@ -55,18 +55,18 @@ def test_new_weights_reach_the_next_batch_while_others_are_in_flight(client, tmp
     assert max(h.policy_lag for h in handles) >= ahead, [h.policy_lag for h in handles]
 
 
-@pytest.mark.parametrize("sync", [True, False])
-def test_max_policy_lag_drops_stale_batches_and_recollects_their_frames(client, tmp_path, sync):
+@pytest.mark.parametrize("rounds", [True, False])
+def test_max_policy_lag_drops_stale_batches_and_recollects_their_frames(client, tmp_path, rounds):
     policy = TagPolicy()
-    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, sync=sync,
+    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, rounds=rounds,
                           envs_per_worker=2, frames_per_batch=10, total_frames=100,
-                          max_policy_lag=0 if sync else 1) as collector:
+                          max_policy_lag=0 if rounds else 1) as collector:
         handles = []
         for handle in collector:
             handles.append(handle)
             _publish_tag(collector, policy)
         summary = collector.summary()
-    limit = 0 if sync else 1
+    limit = 0 if rounds else 1
     assert all(h.policy_lag <= limit for h in handles)
     assert sum(h.frames for h in handles) == 100 == summary["frames"]  # still exact
     assert summary["dropped_stale"] > 0
@@ -83,7 +83,7 @@ def test_max_policy_lag_drops_stale_batches_and_recollects_their_frames(client, 
 
 def test_a_slow_learner_does_not_let_the_store_run_ahead(client, tmp_path):
     url = str(tmp_path / "s")
-    with daskrl.Collector(COUNTING, TagPolicy(), url, client=client, sync=False,
+    with daskrl.Collector(COUNTING, TagPolicy(), url, client=client, rounds=False,
                           envs_per_worker=2, frames_per_batch=10, total_frames=None,
                           batches_in_flight=2) as collector:
         bound = collector.num_streams * collector.config.batches_in_flight
@@ -177,7 +177,7 @@ def test_asynchronous_client_submit_await_update_and_async_for(cluster, tmp_path
         policy = TagPolicy()
         async with Client(cluster.scheduler_address, asynchronous=True) as client:
             collector = daskrl.Collector(COUNTING, policy, str(tmp_path / "a"), client=client,
-                                         sync=False, envs_per_worker=2, frames_per_batch=10,
+                                         rounds=False, envs_per_worker=2, frames_per_batch=10,
                                          total_frames=100)
             with pytest.raises(DaskrlError, match=re.escape("is not started yet")):
                 collector.submit()

@@ -180,7 +180,7 @@ def test_closing_with_a_frozen_scheduler_ends_within_its_deadlines(tmp_path):
         collector = daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=d.client,
                                      envs_per_worker=2, frames_per_batch=20,
                                      total_frames=2_000_000, call_timeout=call_timeout,
-                                     sync=False, batches_in_flight=2)
+                                     rounds=False, batches_in_flight=2)
         first = next(iter(collector))
         assert collector.in_flight >= 1  # the next batch is on its way
         os.killpg(procs.procs["scheduler"].pid, signal.SIGSTOP)

@@ -48,7 +48,7 @@ def test_batches_record_the_weights_version_that_computed_them(client, tmp_path)
         for i, handle in enumerate(collector):
             tags = handle.load(keys=["tag"])["tag"]
             assert (tags == handle.weights_version).all(), (handle, tags)
-            # sync: both batches of a round use the version current when the round started
+            # rounds: both batches of a round use the version current when the round started
             assert handle.weights_version == i // 2, handle
             assert handle.policy_lag == collector.weights_version - handle.weights_version
             if i % 2 == 1:
@@ -115,7 +115,7 @@ def test_init_random_frames_and_reset_at_each_iter(client, tmp_path):
 
 
 def test_async_mode_yields_every_batch_once(client, tmp_path):
-    with daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=client, sync=False,
+    with daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=client, rounds=False,
                           envs_per_worker=2, frames_per_batch=10, total_frames=100) as collector:
         ids = sorted(h.batch_id for h in collector)
     assert ids == list(range(10))

@@ -95,7 +95,7 @@ def test_awkward_policy_is_bit_exact_on_every_worker_across_versions(client, tmp
 
 def test_actions_come_from_the_version_the_handle_names(client, tmp_path):
     policy = TagPolicy(dtype=torch.bfloat16)
-    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, sync=False,
+    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, rounds=False,
                           envs_per_worker=2, frames_per_batch=10, total_frames=200) as collector:
         for handle in collector:
             tags = handle.load(keys=["tag"])["tag"]
@@ -110,7 +110,7 @@ def test_a_worker_asks_for_its_client_once_however_many_versions(client, tmp_pat
     # Dask-sent version every round (on-policy) must not send one per batch.
     before = len(client.get_events("worker-get-client"))
     policy = TagPolicy()
-    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, sync=True,
+    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, rounds=True,
                           shared_memory=False, envs_per_worker=2, frames_per_batch=10,
                           total_frames=10 * 2 * 6) as collector:
         for handle in collector:

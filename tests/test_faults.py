@@ -88,8 +88,8 @@ def test_worker_lost_mid_batch_costs_a_retry_only(own_cluster, tmp_path, how, ki
     check_counting_store(url, 24, 80 * 24)
 
 
-@pytest.mark.parametrize("sync", [True, False])
-def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_path, sync):
+@pytest.mark.parametrize("rounds", [True, False])
+def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_path, rounds):
     # One stream on two workers. The stream's worker dies right after committing batch 1,
     # before its handle leaves: the stream starts again on the other worker (with envs of its
     # own) and is sent batch 1 again, whose write finds the commit and hands back the
@@ -102,7 +102,7 @@ def test_worker_lost_holding_a_committed_batch_leaves_episodes_continuous(tmp_pa
         env = functools.partial(SlowEnv, 0.001, 7)
         with daskrl.Collector(env, TagPolicy(), url, client=client, envs_per_worker=2,
                               frames_per_batch=20, total_frames=100, num_workers=1,
-                              sync=sync) as c:
+                              rounds=rounds) as c:
             handles = list(c)
         killed = flag.read_text()
         assert sorted(h.batch_id for h in handles) == [0, 1, 2, 3, 4]
@@ -133,7 +133,7 @@ def test_weights_lost_with_their_worker_are_scattered_again(own_cluster, tmp_pat
 
     got = _collect(kind, cluster, client, "daskrl.testing:Counting-v0", policy,
                    str(tmp_path / "s"), update_then_kill, lambda h: len(h) == 8,
-                   envs_per_worker=2, frames_per_batch=10, total_frames=None, sync=True,
+                   envs_per_worker=2, frames_per_batch=10, total_frames=None, rounds=True,
                    shared_memory=False)
     assert newest == [1]
     assert {h.weights_version for h in got[-2:]} == {1}

@@ -102,7 +102,7 @@ def test_worker_host_sigkilled_costs_a_retry(shared):
         store = str(shared / "store")
         learner = cluster.learner("kill", {
             "store": store, "update_weights": True, "pause_after": [2],
-            "collector": _collector(16, delay=0.01, sync=False)})
+            "collector": _collector(16, delay=0.01, rounds=False)})
         learner.wait_paused(2)
         assert cluster.hosts.kill(2)  # the worker host's every process
         learner.go(2)
@@ -121,14 +121,14 @@ CUT_BOUND = 180
 
 
 def _cut_run(shared, name: str, *, update_weights: bool, batches: int = 12,
-             delay: float = 0.0, sync: bool = True) -> tuple[dict, str, object]:
+             delay: float = 0.0, rounds: bool = True) -> tuple[dict, str, object]:
     """Collect on three hosts; take host 2's link down after handle 1 (and leave it down)."""
     with dask_hosts(shared, 3) as cluster:
         cluster.wait_for_workers(2)
         store = str(shared / "store")
         learner = cluster.learner(name, {
             "store": store, "update_weights": update_weights, "pause_after": [1],
-            "collector": _collector(batches, delay, sync=sync, call_timeout=CALL_TIMEOUT)})
+            "collector": _collector(batches, delay, rounds=rounds, call_timeout=CALL_TIMEOUT)})
         learner.wait_paused(1)
         cluster.hosts.cut(2)
         learner.go(1)
@@ -148,9 +148,9 @@ def test_host_cut_off_during_update_weights_costs_a_bounded_wait(shared):
 
 @pytest.mark.timeout(300)
 def test_host_cut_off_during_a_batch_has_it_collected_again(shared):
-    # sync=False keeps a batch running on host 2 when its link goes down.
+    # rounds=False keeps a batch running on host 2 when its link goes down.
     result, store, learner = _cut_run(shared, "cut-batch", update_weights=False,
-                                      batches=16, delay=0.02, sync=False)
+                                      batches=16, delay=0.02, rounds=False)
     assert result["error"] is None, learner.log()
     check_store(store, FRAMES_PER_BATCH * 16, result["handles"])
 

@@ -95,7 +95,7 @@ def test_tensorboard_events_are_the_collections_metrics(client, tmp_path):
     handles = []
     with (
         pytest.warns(MetricsLoggerWarning, match="raised ConnectionError: dashboard down") as w,
-        daskrl.Collector("CartPole-v1", policy, url, client=client, sync=False,
+        daskrl.Collector("CartPole-v1", policy, url, client=client, rounds=False,
                          envs_per_worker=4, frames_per_batch=256, total_frames=4096,
                          batches_in_flight=2, seed=3, loggers=[tb, recorder, flaky]) as collector,
     ):
@@ -153,7 +153,7 @@ def test_hand_over_and_an_asynchronous_client_feed_the_loggers(cluster, tmp_path
         async with Client(cluster.scheduler_address, asynchronous=True) as client:
             tb = TensorBoardLogger(tmp_path / "tb")
             async with daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=client,
-                                        sync=False, envs_per_worker=2, frames_per_batch=10,
+                                        rounds=False, envs_per_worker=2, frames_per_batch=10,
                                         total_frames=60, loggers=[tb, recorder]) as collector:
                 handles = [collector.hand_over(await collector.submit()) for _ in range(2)]
                 handles += [h async for h in collector]

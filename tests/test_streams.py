@@ -24,13 +24,13 @@ from daskrl.testing import SlowEnv, TagPolicy
 COUNTING = "daskrl.testing:Counting-v0"
 
 
-def _collect(client, sync: bool, url: str, **options):
+def _collect(client, rounds: bool, url: str, **options):
     """Iterate a collector, publishing a new weights version after every handle; return the
     handles, the keys of the tasks the scheduler moved meanwhile, and its summary."""
     handles = []
     since = time.time()
     with daskrl.Collector(COUNTING, TagPolicy(), url, client=client, envs_per_worker=2,
-                          frames_per_batch=6, total_frames=76, num_workers=2, sync=sync,
+                          frames_per_batch=6, total_frames=76, num_workers=2, rounds=rounds,
                           **options) as collector:
         for handle in collector:
             handles.append(handle)
@@ -92,21 +92,21 @@ def test_async_streams_run_on_the_newest_weights_within_the_credits(client, tmp_
     check_counting_store(url, 13, 76)
 
 
-def _slow_collector(client, url: str, batches: int, sync: bool, **options) -> daskrl.Collector:
+def _slow_collector(client, url: str, batches: int, rounds: bool, **options) -> daskrl.Collector:
     """``batches`` batches of 40 frames (2 envs of a slightly slow counting env): long enough
     for a fault to land mid-collection."""
     return daskrl.Collector(functools.partial(SlowEnv, 0.002), TagPolicy(), url, client=client,
                             envs_per_worker=2, frames_per_batch=40, total_frames=40 * batches,
-                            sync=sync, **options)
+                            rounds=rounds, **options)
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("sync", [True, False])
-def test_worker_killed_mid_stream_costs_a_retry_only(tmp_path, sync):
+@pytest.mark.parametrize("rounds", [True, False])
+def test_worker_killed_mid_stream_costs_a_retry_only(tmp_path, rounds):
     with local_cluster(2) as cluster, Client(cluster, set_as_default=False) as client:
         url = str(tmp_path / "s")
         handles = []
-        with _slow_collector(client, url, 20, sync) as collector:
+        with _slow_collector(client, url, 20, rounds) as collector:
             for handle in collector:
                 handles.append(handle)
                 if len(handles) == 3:
@@ -145,12 +145,12 @@ def test_the_learner_refuses_a_stream_without_the_token_or_of_another_epoch(clie
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("sync", [True, False])
-def test_a_joining_worker_takes_a_stream_over_and_a_retiring_one_hands_its_over(tmp_path, sync):
+@pytest.mark.parametrize("rounds", [True, False])
+def test_a_joining_worker_takes_a_stream_over_and_a_retiring_one_hands_its_over(tmp_path, rounds):
     with local_cluster(1) as cluster, Client(cluster, set_as_default=False) as client:
         url = str(tmp_path / "s")
         handles = []
-        with _slow_collector(client, url, 40, sync, num_workers=2) as collector:
+        with _slow_collector(client, url, 40, rounds, num_workers=2) as collector:
             first = client.scheduler_info()["workers"].keys()
             for handle in collector:
                 handles.append(handle)

@@ -40,15 +40,15 @@ def _publish_tag(collector: daskrl.Collector, policy: TagPolicy) -> int:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sync", [True, False])
-def test_versions_reach_the_policy_through_the_store_once_per_host(client, tmp_path, sync):
+@pytest.mark.parametrize("rounds", [True, False])
+def test_versions_reach_the_policy_through_the_store_once_per_host(client, tmp_path, rounds):
     store = str(tmp_path / "store")
     policy = TagPolicy()
     seen: list[tuple[int, int]] = []
     # Async with one batch in flight per stream: a batch's version is at most one behind the
     # newest, so each worker still holds its copy of every version a batch needs (it keeps its
     # newest 3); with more in flight a delayed batch may rightly read an evicted one again.
-    options = _options(12, sync=sync, **({} if sync else {"batches_in_flight": 1}))
+    options = _options(12, rounds=rounds, **({} if rounds else {"batches_in_flight": 1}))
     with daskrl.Collector(COUNTING, policy, store, client=client, **options) as c:
         assert c.weights_transport == "store"
         for handle in c:

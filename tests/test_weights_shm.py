@@ -64,7 +64,7 @@ def test_a_full_dev_shm_makes_the_collector_use_dask_transfers(tmp_path):
 
 def test_collector_shares_weights_and_cleans_up(client, tmp_path):
     policy = TagPolicy(dtype=torch.bfloat16)
-    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, sync=False,
+    with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client, rounds=False,
                           envs_per_worker=2, frames_per_batch=10, total_frames=200) as collector:
         assert collector.weights_transport == "shared-memory"
         for handle in collector:
@@ -104,7 +104,7 @@ def test_workers_on_another_machine_make_the_collector_fall_back_to_dask(tmp_pat
         _wait_for_workers(client, 1)
         with daskrl.Collector(COUNTING, policy, str(tmp_path / "s"), client=client,
                               envs_per_worker=2, frames_per_batch=10, total_frames=None,
-                              sync=True) as collector:
+                              rounds=True) as collector:
             it = iter(collector)
             assert next(it).weights_version == 0  # the whole round: nothing in flight now
             assert collector.weights_transport == "shared-memory"

@@ -26,8 +26,11 @@ __all__ = ["add_config_options", "config_from_args", "config_options"]
 
 RENAMED = {"total_frames": "--frames", "num_workers": "--workers"}
 """Flags that kept the shorter names they had before they were generated."""
-NEGATED = {"sync": "--async"}
+NEGATED = {"rounds": "--no-rounds"}
 """Boolean fields that default to true, and the flag that sets them false."""
+ALIASES = {"rounds": ("--async",)}
+"""Older flags that still set a field: ``--async`` is ``--no-rounds`` (first finished, first
+out), not a kind of client."""
 MORE_HELP = {"num_workers": "; with the embedded cluster also its size (one worker per core)"}
 """What a flag does on the command line beyond the config field."""
 
@@ -127,7 +130,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         kwargs = dict(option.kwargs)
         if option.field in MARK_GIVEN:
             kwargs["action"] = _Given
-        group.add_argument(option.flag, dest=option.field, **kwargs)
+        group.add_argument(option.flag, *ALIASES.get(option.field, ()), dest=option.field,
+                           **kwargs)
 
 
 MARK_GIVEN = ("envs_per_worker",)

@@ -34,7 +34,7 @@ from daskrl.collect._metrics import MetricsFeed
 from daskrl.collect._resume import Resume, plan_resume, run_settings
 from daskrl.collect._run import Run
 from daskrl.collect._startup import start_on_cluster
-from daskrl.config import CollectorConfig, CollectorOptions, check_option_names
+from daskrl.config import CollectorConfig, CollectorOptions, check_option_names, renamed_options
 from daskrl.deploy._cluster import check_main_importable, dashboard_link, local_cluster
 from daskrl.errors import CollectorClosedError, UsageError
 from daskrl.loggers._protocol import LoggerLike
@@ -121,8 +121,9 @@ class Collector:
         if client is None and processes:
             check_main_importable()
         check_option_names(options)
+        given_options = renamed_options(options, stacklevel=2)  # the warning names the caller
         base = field_values(config) if config is not None else {}
-        merged = {**base, **cast(dict[str, Any], options)}
+        merged = {**base, **given_options}
         given = "envs_per_worker" in options or (config is not None and config.envs_per_worker
                                                  != CollectorConfig.envs_per_worker)
         # A vector env's num_envs is envs_per_worker: until the learner has made the envs, the

@@ -107,13 +107,13 @@ class Planner:
         return plan
 
     def round(self) -> list[PlannedBatch]:
-        """``sync=True``: one batch per stream, in batch-id order (fewer at the end of the
+        """``rounds=True``: one batch per stream, in batch-id order (fewer at the end of the
         budget)."""
         plans = (self.next(s) for s in range(self.num_streams))
         return [p for p in plans if p is not None]
 
     def initial_streams(self) -> list[int]:
-        """``sync=False``: the streams of the first batches, ``batches_in_flight`` each."""
+        """``rounds=False``: the streams of the first batches, ``batches_in_flight`` each."""
         return [s for _ in range(self.config.batches_in_flight) for s in range(self.num_streams)]
 
 

@@ -30,7 +30,8 @@ MUST_AGREE = ("env", "observation_space", "action_space", "envs_per_worker", "fr
               "seed", "wrappers", "info_keys", "vectorization_mode", "vector_kwargs")
 """Settings a resumed run must share with the run it resumes: they shape the data (what a
 batch holds, how long it is, how episodes end, what the frame budget is, where the seeds come
-from). The others (``num_workers``, ``sync``, ``compression``, timeouts, ...) may change."""
+from). The others (``num_workers``, ``rounds`` (``sync`` in older records), ``compression``,
+timeouts, ...) may change."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 :class:`Run` is what a :class:`~daskrl.Collector` drives once started: it gives planned
 batches to the streams (:class:`~daskrl.collect._streams.StreamSet`, one long-lived task per
 stream that sends each handle straight back), hands the finished batches over in the order the
-``sync`` option asks for (rounds on one weights version, or first finished first out with
+``rounds`` option asks for (rounds on one weights version, or first finished first out with
 ``batches_in_flight`` credits per stream), applies the hand-over rule, and keeps the
 collection healthy while the learner waits. ``submit()``'s batches are Dask tasks of their
 own, one per batch. Every method that talks to the cluster is a coroutine on the client's
@@ -63,13 +63,13 @@ class Run:
                                  self.inbox)
         self._given: dict[int, BatchTask] = {}  # given to the streams, not handed over
         self._retries: collections.Counter[int] = collections.Counter()
-        self._order: list[int] = []  # sync rounds: batch ids of the round left to hand over
-        self._done: dict[int, BatchHandle] = {}  # sync rounds: arrived, not yet handed over
+        self._order: list[int] = []  # rounds: batch ids of the round left to hand over
+        self._done: dict[int, BatchHandle] = {}  # rounds: arrived, not yet handed over
         self._ready: collections.deque[BatchHandle] = collections.deque()  # likewise, async
-        self._refill: list[int] | None = None  # sync=False: streams to give a batch
+        self._refill: list[int] | None = None  # rounds=False: streams to give a batch
         self._checked = 0.0
         self._no_workers_since: float | None = None
-        # sync rounds ahead (see _start_round): the round after the current one, given with
+        # rounds ahead (see _start_round): the round after the current one, given with
         # it, and the rounds of versions the learner has let run
         self._ahead: list[PlannedBatch] = []
         self._ahead_version: int | None = None
@@ -96,7 +96,7 @@ class Run:
     @property
     def in_flight(self) -> int:
         """Batches given or submitted and not yet handed over (queued, running, or arrived),
-        less a sync round given ahead or taken back: 0 right after a round's last handle."""
+        less a round given ahead or taken back: 0 right after a round's last handle."""
         skip = {p.batch_id for p in self._ahead} | self._stale
         return sum(b not in skip for b in self._given) + len(self.supervisor.pending)
 
@@ -122,7 +122,7 @@ class Run:
 
     async def publish(self, snap: WeightsSnapshot, wait: bool) -> int:
         """Publish ``snap`` and tell the streams of it (they use it from their next batch
-        that may: ``sync=False``, or the next round)."""
+        that may: ``rounds=False``, or the next round)."""
         version = await self.weights.publish(snap, self.workers, self.in_use(), wait)
         if self.streams.address:
             self.streams.announce(version, self.weights.ref(version))
@@ -169,7 +169,7 @@ class Run:
             await self._supervise()
 
     def _arrived(self, handle: BatchHandle) -> None:
-        if not self.config.sync:
+        if not self.config.rounds:
             self._ready.append(handle)
         elif handle.batch_id in self._stale:  # of a round taken back
             self._stale.discard(handle.batch_id)
@@ -213,7 +213,7 @@ class Run:
     async def next_handle(self) -> BatchHandle | None:
         """The next batch for an iterating learner, handed over; None when all are."""
         while True:
-            if self.config.sync:
+            if self.config.rounds:
                 handle = await self._next_in_round()
             else:
                 handle = await self._next_first_done()
@@ -228,14 +228,14 @@ class Run:
         self._given.pop(handle.batch_id, None)
         self._retries.pop(handle.batch_id, None)
         taken = self.handover.take(handle, self.weights.version)
-        if self.config.sync and not self._order:  # the round's last batch
+        if self.config.rounds and not self._order:  # the round's last batch
             self._round_end_version = self.weights.version if taken is not None else None
         if taken is None:
             self.planner.requeue(handle.frames)  # too stale: collected again
         return taken
 
     async def _next_in_round(self) -> BatchHandle | None:
-        """``sync=True``: handed over in batch order as the round's batches arrive."""
+        """``rounds=True``: handed over in batch order as the round's batches arrive."""
         if not self._order and not self._start_round():
             return None
         batch_id = self._order.pop(0)
@@ -295,7 +295,7 @@ class Run:
         self.rounds_ahead_dropped += 1
 
     async def _next_first_done(self) -> BatchHandle | None:
-        """``sync=False``: a stream gets its next batch when the learner comes back for a
+        """``rounds=False``: a stream gets its next batch when the learner comes back for a
         handle after taking its last one (a credit back); its other batch in flight keeps its
         worker busy in the meantime."""
         if self._refill is None:

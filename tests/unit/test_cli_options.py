@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from daskrl.cli import main
-from daskrl.cli._options import add_config_options, config_from_args, config_options
+from daskrl.cli._options import ALIASES, add_config_options, config_from_args, config_options
 from daskrl.config import CollectorConfig, Compression
 from daskrl.errors import ConfigError
 
@@ -42,7 +42,8 @@ def test_every_field_has_a_flag_with_its_default_and_help():
             shown = "none" if default in (None, ()) else default  # () as info_keys has it
             assert kwargs["help"].endswith(f"(default: {shown})"), kwargs["help"]
     assert options["compression"].kwargs["choices"] == [c.value for c in Compression]
-    assert {o.flag for o in options.values()} >= FLAGS_BEFORE
+    flags = {o.flag for o in options.values()} | {a for f in ALIASES.values() for a in f}
+    assert flags >= FLAGS_BEFORE
 
 
 def test_no_flags_give_the_default_config():
@@ -56,9 +57,15 @@ def test_flags_set_their_fields():
         "2.5", "--on-env-error", "restart", "--max-policy-lag", "0", "--seed", "7",
     ])
     assert config_from_args(args) == CollectorConfig(
-        total_frames=None, frames_per_batch=64, envs_per_worker=4, num_workers=3, sync=False,
+        total_frames=None, frames_per_batch=64, envs_per_worker=4, num_workers=3, rounds=False,
         reset_at_each_iter=True, compression=Compression.LZ4, batch_timeout=2.5,
         on_env_error="restart", max_policy_lag=0, seed=7)
+
+
+@pytest.mark.parametrize("flag", ["--no-rounds", "--async"])
+def test_no_rounds_and_its_older_flag_collect_first_done(flag):
+    assert config_from_args(_parser().parse_args([])).rounds is True
+    assert config_from_args(_parser().parse_args([flag])).rounds is False
 
 
 def test_a_bad_value_is_the_configs_error():

@@ -8,7 +8,7 @@ import math
 import typing
 
 from daskrl.collect._handover import HandOver
-from daskrl.config import CollectorConfig, CollectorOptions
+from daskrl.config import RENAMED_OPTIONS, CollectorConfig, CollectorOptions
 from daskrl.store._handles import BatchHandle
 
 
@@ -49,4 +49,5 @@ def test_no_limit_keeps_everything_and_an_empty_summary_is_nan():
 
 def test_collector_options_name_every_config_field():
     fields = {f.name for f in dataclasses.fields(CollectorConfig)}
-    assert set(typing.get_type_hints(CollectorOptions)) == fields
+    # and the deprecated names, which type checkers then accept too
+    assert set(typing.get_type_hints(CollectorOptions)) == fields | set(RENAMED_OPTIONS)

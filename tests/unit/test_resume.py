@@ -161,7 +161,7 @@ def test_the_env_and_its_spaces_must_agree_other_settings_may_change(tmp_path):
             "action_space differs (run 0: 'Discrete(2)', this collector: 'Discrete(3)')")):
         plan_resume(store, True, spaces)
     free = CollectorConfig(envs_per_worker=2, frames_per_batch=12, total_frames=50,
-                           num_workers=5, sync=False, compression="lz4", batch_timeout=3.0,
+                           num_workers=5, rounds=False, compression="lz4", batch_timeout=3.0,
                            max_policy_lag=1, on_env_error="restart")
     assert plan_resume(store, True, _settings(free)) == Resume(0, (0,), 12, 50)
     assert set(MUST_AGREE) <= set(_settings())
@@ -173,6 +173,18 @@ def test_a_record_from_before_spaces_were_stored_is_checked_on_what_it_has(tmp_p
     old = {k: v for k, v in _settings().items() if not k.endswith("_space")}
     _run(store, 2, settings=old)
     assert plan_resume(store, True, _settings()) == Resume(0, (0,), 24, 50)
+
+
+def test_a_record_that_stores_sync_resumes_with_rounds(tmp_path):
+    # run records written when the option was named sync: {"sync": False, ...}
+    store = _store(tmp_path)
+    stored = {("sync" if k == "rounds" else k): v for k, v in _settings().items()}
+    assert "sync" in stored and "rounds" not in stored
+    _run(store, 2, settings=stored)
+    first_done = CollectorConfig(envs_per_worker=2, frames_per_batch=12, total_frames=50,
+                                 rounds=False)
+    assert plan_resume(store, True, _settings(first_done)) == Resume(0, (0,), 24, 50)
+    assert "rounds" in _settings() and "sync" not in _settings()
 
 
 def test_an_unreadable_run_record_is_not_resumed_around(tmp_path):
