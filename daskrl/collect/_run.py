@@ -2,19 +2,22 @@
 
 :class:`Run` is what a :class:`~daskrl.Collector` drives once started: it gives planned
 batches to the streams (:class:`~daskrl.collect._streams.StreamSet`, one long-lived task per
-stream that sends each handle straight back), hands the finished batches over in the order the
-``rounds`` option asks for (rounds on one weights version, or first finished first out with
-``batches_in_flight`` credits per stream), applies the hand-over rule, and keeps the
+stream that sends each handle straight back), applies the hand-over rule, and keeps the
 collection healthy while the learner waits. ``submit()``'s batches are Dask tasks of their
-own, one per batch. Every method that talks to the cluster is a coroutine on the client's
-event loop.
+own, one per batch. The order handles leave in is its two subclasses', one per ``rounds``
+setting: :class:`Rounds` (rounds on one weights version, in batch order) and
+:class:`FirstDone` (first finished, first out, with ``batches_in_flight`` credits per stream);
+:func:`new_run` picks one. Every method that talks to the cluster is a coroutine on the
+client's event loop.
 """
 
 from __future__ import annotations
 
+import abc
 import collections
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from distributed import Client, Future
 
@@ -32,14 +35,25 @@ from daskrl.weights._publish import WeightsPublisher
 from daskrl.weights._snapshot import WeightsSnapshot
 from daskrl.worker._tasks import BatchTask, with_weights
 
-__all__ = ["Run"]
+__all__ = ["FirstDone", "Rounds", "Run", "new_run"]
 
 MAX_WEIGHTS_RETRIES = 3
 """Times a batch is sent again after its worker could not read the learner's shared memory."""
 
 
-class Run:
-    """The state of a started collection (see the module docstring)."""
+def new_run(client: Client, config: CollectorConfig, plugin_name: str, key_prefix: str,
+            first_id: int, workers: Workers, weights: WeightsPublisher,
+            store: TrajectoryStore | None = None, resume: Resume | None = None,
+            num_envs: int = 1) -> Run:
+    """The :class:`Run` of ``config.rounds``: :class:`Rounds` or :class:`FirstDone`."""
+    kind: type[Run] = Rounds if config.rounds else FirstDone
+    return kind(client, config, plugin_name, key_prefix, first_id, workers, weights, store,
+                resume, num_envs)
+
+
+class Run(abc.ABC):
+    """The state of a started collection that both hand-over orders share (see the module
+    docstring)."""
 
     def __init__(self, client: Client, config: CollectorConfig, plugin_name: str,
                  key_prefix: str, first_id: int, workers: Workers,
@@ -63,21 +77,8 @@ class Run:
                                  self.inbox)
         self._given: dict[int, BatchTask] = {}  # given to the streams, not handed over
         self._retries: collections.Counter[int] = collections.Counter()
-        self._order: list[int] = []  # rounds: batch ids of the round left to hand over
-        self._done: dict[int, BatchHandle] = {}  # rounds: arrived, not yet handed over
-        self._ready: collections.deque[BatchHandle] = collections.deque()  # likewise, async
-        self._refill: list[int] | None = None  # rounds=False: streams to give a batch
         self._checked = 0.0
         self._no_workers_since: float | None = None
-        # rounds ahead (see _start_round): the round after the current one, given with
-        # it, and the rounds of versions the learner has let run
-        self._ahead: list[PlannedBatch] = []
-        self._ahead_version: int | None = None
-        self._stale: set[int] = set()  # batch ids of rounds taken back, not yet arrived
-        self._round_end_version: int | None = None  # the version as the last round ended
-        self._rounds_ahead = RoundsAhead()
-        self.rounds_ahead_dropped = 0
-        """Rounds given ahead and taken back because the learner published meanwhile."""
 
     @property
     def num_streams(self) -> int:
@@ -95,10 +96,9 @@ class Run:
 
     @property
     def in_flight(self) -> int:
-        """Batches given or submitted and not yet handed over (queued, running, or arrived),
-        less a round given ahead or taken back: 0 right after a round's last handle."""
-        skip = {p.batch_id for p in self._ahead} | self._stale
-        return sum(b not in skip for b in self._given) + len(self.supervisor.pending)
+        """Batches given or submitted and not yet handed over (queued, running, or
+        arrived)."""
+        return len(self._given) + len(self.supervisor.pending)
 
     def in_use(self) -> Iterable[int]:
         """Weights versions batches in flight still need."""
@@ -151,32 +151,24 @@ class Run:
         return self.submit_now(plan)
 
     # -- what the streams send ---------------------------------------------------------------
-    async def _pump(self) -> None:
-        """Wait for what the streams send (up to the health check's period) and file it;
-        keep the collection healthy meanwhile."""
+    async def _pump(self) -> list[BatchHandle]:
+        """Wait for what the streams send (up to the health check's period) and return the
+        handles that arrived; keep the collection healthy meanwhile."""
         await self.inbox.wait(HEALTH_CHECK_S)
         if self.inbox.error is not None:
             raise self.inbox.error
+        arrived = []
         while self.inbox.items:
             kind, value, task = self.inbox.items.popleft()
             if task.batch_id not in self._given:
                 continue
             if kind == "handle":
-                self._arrived(value)
+                arrived.append(value)
             else:
                 await self._failed(value, task)
         if time.monotonic() - self._checked >= HEALTH_CHECK_S:
             await self._supervise()
-
-    def _arrived(self, handle: BatchHandle) -> None:
-        if not self.config.rounds:
-            self._ready.append(handle)
-        elif handle.batch_id in self._stale:  # of a round taken back
-            self._stale.discard(handle.batch_id)
-            self._given.pop(handle.batch_id, None)
-            self.handover.stats.drop(handle)
-        else:
-            self._done[handle.batch_id] = handle
+        return arrived
 
     async def _failed(self, error: BaseException, task: BatchTask) -> None:
         """A batch raised on its worker: raise it here, unless the worker only could not read
@@ -210,38 +202,71 @@ class Run:
             await self.streams.check(live)
 
     # -- handing over ------------------------------------------------------------------------
+    @abc.abstractmethod
     async def next_handle(self) -> BatchHandle | None:
         """The next batch for an iterating learner, handed over; None when all are."""
-        while True:
-            if self.config.rounds:
-                handle = await self._next_in_round()
-            else:
-                handle = await self._next_first_done()
-            if handle is None:
-                return None
-            taken = self._take(handle)
-            if taken is not None:
-                return taken
 
     def _take(self, handle: BatchHandle) -> BatchHandle | None:
-        """The hand-over rule for an arrived batch; None if it was dropped as too stale."""
+        """The hand-over rule for an arrived batch; None if it was dropped as too stale (its
+        frames are collected again)."""
         self._given.pop(handle.batch_id, None)
         self._retries.pop(handle.batch_id, None)
         taken = self.handover.take(handle, self.weights.version)
-        if self.config.rounds and not self._order:  # the round's last batch
-            self._round_end_version = self.weights.version if taken is not None else None
         if taken is None:
-            self.planner.requeue(handle.frames)  # too stale: collected again
+            self.planner.requeue(handle.frames)
         return taken
 
-    async def _next_in_round(self) -> BatchHandle | None:
-        """``rounds=True``: handed over in batch order as the round's batches arrive."""
-        if not self._order and not self._start_round():
-            return None
-        batch_id = self._order.pop(0)
-        while batch_id not in self._done:
-            await self._pump()
-        return self._done.pop(batch_id)
+    async def close(self) -> None:
+        """Stop the streams and cancel ``submit()``'s batches: nothing is in flight after."""
+        self._given.clear()
+        await self.streams.close()
+        await self.supervisor.cancel_all()
+
+
+class Rounds(Run):
+    """``rounds=True``: one batch per stream per round, all on one weights version, handed
+    over in batch order as the round's batches arrive (and the round ahead: :meth:`_start_round`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._order: list[int] = []  # batch ids of the round left to hand over
+        self._done: dict[int, BatchHandle] = {}  # arrived, not yet handed over
+        self._ahead: list[PlannedBatch] = []  # the round after the current one, given with it
+        self._ahead_version: int | None = None
+        self._stale: set[int] = set()  # batch ids of rounds taken back, not yet arrived
+        self._round_end_version: int | None = None  # the version as the last round ended
+        self._rounds_ahead = RoundsAhead()
+        self.rounds_ahead_dropped = 0
+        """Rounds given ahead and taken back because the learner published meanwhile."""
+
+    @property
+    def in_flight(self) -> int:
+        """:attr:`Run.in_flight`, less a round given ahead or taken back: 0 right after a
+        round's last handle."""
+        skip = {p.batch_id for p in self._ahead} | self._stale
+        return super().in_flight - len(skip & self._given.keys())
+
+    def _arrived(self, handles: list[BatchHandle]) -> None:
+        for handle in handles:
+            if handle.batch_id in self._stale:  # of a round taken back
+                self._stale.discard(handle.batch_id)
+                self._given.pop(handle.batch_id, None)
+                self.handover.stats.drop(handle)
+            else:
+                self._done[handle.batch_id] = handle
+
+    async def next_handle(self) -> BatchHandle | None:
+        while True:
+            if not self._order and not self._start_round():
+                return None
+            batch_id = self._order.pop(0)
+            while batch_id not in self._done:
+                self._arrived(await self._pump())
+            taken = self._take(self._done.pop(batch_id))
+            if not self._order:  # the round's last batch
+                self._round_end_version = self.weights.version if taken is not None else None
+            if taken is not None:
+                return taken
 
     def _start_round(self) -> bool:
         """Give the streams the next round with the newest weights; False when the budget is
@@ -294,10 +319,35 @@ class Run:
                 self._stale.add(plan.batch_id)
         self.rounds_ahead_dropped += 1
 
-    async def _next_first_done(self) -> BatchHandle | None:
-        """``rounds=False``: a stream gets its next batch when the learner comes back for a
-        handle after taking its last one (a credit back); its other batch in flight keeps its
-        worker busy in the meantime."""
+    async def close(self) -> None:
+        self._done.clear()
+        self._ahead, self._stale = [], set()
+        await super().close()
+
+
+class FirstDone(Run):
+    """``rounds=False``: first finished, first out. Each stream starts with
+    ``batches_in_flight`` batches; it gets its next one when the learner comes back for a
+    handle after taking its last one (a credit back), with the newest weights; its other
+    batch in flight keeps its worker busy in the meantime."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ready: collections.deque[BatchHandle] = collections.deque()  # arrived
+        self._refill: list[int] | None = None  # streams to give a batch (None: not started)
+
+    async def next_handle(self) -> BatchHandle | None:
+        while True:
+            handle = await self._next_done()
+            if handle is None:
+                return None
+            taken = self._take(handle)
+            if taken is not None:
+                return taken
+
+    async def _next_done(self) -> BatchHandle | None:
+        """The first arrived batch not handed over, after giving the streams owed a credit
+        their next batch; None when the budget is spent and nothing is in flight."""
         if self._refill is None:
             self._refill = self.planner.initial_streams()
         while True:
@@ -312,13 +362,8 @@ class Run:
                 return handle
             if not self._given:
                 return None
-            await self._pump()
+            self._ready.extend(await self._pump())
 
     async def close(self) -> None:
-        """Stop the streams and cancel ``submit()``'s batches: nothing is in flight after."""
-        self._given.clear()
-        self._done.clear()
         self._ready.clear()
-        self._ahead, self._stale = [], set()
-        await self.streams.close()
-        await self.supervisor.cancel_all()
+        await super().close()

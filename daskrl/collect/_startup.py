@@ -23,7 +23,7 @@ from distributed import Client
 from daskrl._process import process_token
 from daskrl.collect._checks import check_probe
 from daskrl.collect._resume import Resume, count_frames
-from daskrl.collect._run import Run
+from daskrl.collect._run import Run, new_run
 from daskrl.collect._supervisor import Workers
 from daskrl.config import CollectorConfig
 from daskrl.deploy._package_versions import acheck_versions
@@ -65,7 +65,7 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig,
     if resume is not None:  # what committed since the learner's first count counts too
         frames = await asyncio.to_thread(count_frames, store, resume.chain)
         resume = dataclasses.replace(resume, frames=frames)
-    run = Run(client, cfg, plugin_name, key_prefix, first_id, workers, weights, store,
+    run = new_run(client, cfg, plugin_name, key_prefix, first_id, workers, weights, store,
               resume=resume, num_envs=len(envs))
     await _probe_store(client, store, plugin_name, key_prefix, workers, live)
     # Every worker builds the policy, picks its device and loads version 0 now, so a bad
