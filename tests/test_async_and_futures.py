@@ -182,12 +182,13 @@ def test_asynchronous_client_submit_await_update_and_async_for(cluster, tmp_path
             with pytest.raises(DaskrlError, match=re.escape("is not started yet")):
                 collector.submit()
             async with collector:
-                first = collector.hand_over(await collector.submit())
+                future = await collector.submit()  # a coroutine, then the future
+                first = collector.hand_over(await future)
                 assert (first.batch_id, first.weights_version, first.policy_lag) == (0, 0, 0)
                 with torch.no_grad():
                     policy.tag.fill_(1)
                 assert await collector.update_weights(policy) == 1
-                second = await collector.submit()  # submitted after the update: version 1
+                second = await (await collector.submit())  # after the update: version 1
                 assert collector.hand_over(second).weights_version == 1
                 handles = []
                 async for handle in collector:
@@ -198,7 +199,7 @@ def test_asynchronous_client_submit_await_update_and_async_for(cluster, tmp_path
                     await collector.update_weights(policy)
                 assert sorted(h.batch_id for h in handles) == list(range(2, 10))
                 assert collector.summary()["frames"] == 100
-            # Sync rounds and `collector = await Collector(...)`; close() is awaitable.
+            # Rounds and `collector = await Collector(...)`; close() is awaitable.
             collector = await daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "b"),
                                                client=client, envs_per_worker=2,
                                                frames_per_batch=10, total_frames=40)

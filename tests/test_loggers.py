@@ -155,7 +155,8 @@ def test_hand_over_and_an_asynchronous_client_feed_the_loggers(cluster, tmp_path
             async with daskrl.Collector(COUNTING, TagPolicy(), str(tmp_path / "s"), client=client,
                                         rounds=False, envs_per_worker=2, frames_per_batch=10,
                                         total_frames=60, loggers=[tb, recorder]) as collector:
-                handles = [collector.hand_over(await collector.submit()) for _ in range(2)]
+                handles = [collector.hand_over(await (await collector.submit()))
+                           for _ in range(2)]
                 handles += [h async for h in collector]
             return handles  # closed by `async with`: the event file is flushed
 

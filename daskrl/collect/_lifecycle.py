@@ -1,9 +1,6 @@
-"""A collector's lifecycle state, and the awaitable results of its calls.
+"""A collector's lifecycle state, and what closing it frees.
 
-Every cluster operation of a collector is one coroutine. With a synchronous client the
-collector runs it to completion on the client's event loop before returning; with an
-asynchronous one it hands back an awaitable. :class:`WeightsVersion` and :class:`Closing` say
-so in their types: a version number that can also be awaited, and a close that can be.
+:class:`Closing` is what ``close()`` returns: with an asynchronous client, awaited to close.
 :func:`release` and :func:`finalize` free what a collector holds on the cluster.
 """
 
@@ -21,7 +18,7 @@ from daskrl.collect._supervisor import Workers, scheduler
 from daskrl.config import CollectorConfig
 from daskrl.weights._publish import WeightsPublisher
 
-__all__ = ["Closing", "State", "WeightsVersion", "field_values", "finalize", "release"]
+__all__ = ["Closing", "State", "field_values", "finalize", "release"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,30 +32,6 @@ class State(enum.Enum):
     RUNNING = "running"
     CLOSING = "closing"
     CLOSED = "closed"
-
-
-class WeightsVersion(int):
-    """The number of a weights version :meth:`~daskrl.Collector.update_weights` published.
-
-    It is an ``int``. With an asynchronous client, publishing goes on in the event loop: await
-    it (``await collector.update_weights(policy)`` is the version number) before the next
-    update. With a synchronous client the version is published already; awaiting it returns
-    at once.
-    """
-
-    _publishing: Coroutine[Any, Any, int] | None
-
-    def __new__(cls, version: int,
-                publishing: Coroutine[Any, Any, int] | None = None) -> WeightsVersion:
-        obj = super().__new__(cls, version)
-        obj._publishing = publishing
-        return obj
-
-    def __await__(self) -> Generator[Any, None, int]:
-        publishing, self._publishing = self._publishing, None
-        if publishing is not None:
-            yield from publishing.__await__()
-        return int(self)
 
 
 class Closing:

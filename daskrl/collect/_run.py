@@ -28,7 +28,12 @@ from daskrl.collect._resume import Resume
 from daskrl.collect._streams import Inbox, StreamSet
 from daskrl.collect._supervisor import HEALTH_CHECK_S, Supervisor, Workers
 from daskrl.config import CollectorConfig
-from daskrl.errors import ClusterError, UsageError, WeightsNotSharedError
+from daskrl.errors import (
+    ClusterError,
+    CollectorClosedError,
+    UsageError,
+    WeightsNotSharedError,
+)
 from daskrl.store._handles import BatchHandle
 from daskrl.store._store import TrajectoryStore
 from daskrl.weights._publish import WeightsPublisher
@@ -140,15 +145,15 @@ class Run(abc.ABC):
         self._given[task.batch_id] = task
         self.streams.give(task)
 
-    def submit_now(self, plan: PlannedBatch) -> Future:
-        """``submit()``: one Dask task for ``plan``, with the newest weights (the caller owns
-        its future)."""
-        return self.supervisor.dispatch(self._task(plan), supervised=False)
-
-    async def submit(self, plan: PlannedBatch) -> Future:
-        """:meth:`submit_now`, first scattering the weights again if they were lost."""
+    async def submit(self) -> Future:
+        """``submit()``: one Dask task for the next planned batch, with the newest weights,
+        scattered again first if they were lost (the caller owns its future)."""
+        plan = self.planner.next()
+        if plan is None:
+            raise CollectorClosedError(
+                f"total_frames={self.config.total_frames} are all submitted; no batch is left.")
         await self.weights.republish_lost(self.workers)
-        return self.submit_now(plan)
+        return self.supervisor.dispatch(self._task(plan), supervised=False)
 
     # -- what the streams send ---------------------------------------------------------------
     async def _pump(self) -> list[BatchHandle]:

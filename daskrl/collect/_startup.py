@@ -14,24 +14,18 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
 
-import torch
 from distributed import Client
 
 from daskrl._process import process_token
 from daskrl.collect._checks import check_probe
-from daskrl.collect._resume import Resume, count_frames
+from daskrl.collect._resume import count_frames
 from daskrl.collect._run import Run, new_run
+from daskrl.collect._setup import Prepared
 from daskrl.collect._supervisor import Workers
-from daskrl.config import CollectorConfig
 from daskrl.deploy._package_versions import acheck_versions
 from daskrl.store._layout import run_first_batch
 from daskrl.store._store import TrajectoryStore
-from daskrl.weights._publish import WeightsPublisher
-from daskrl.weights._snapshot import PolicySpec
-from daskrl.worker._envs import EnvSpec
 from daskrl.worker._plugin import CollectorPlugin
 from daskrl.worker._tasks import probe_store
 
@@ -40,17 +34,15 @@ __all__ = ["start_on_cluster"]
 logger = logging.getLogger(__name__)
 
 
-async def start_on_cluster(client: Client, cfg: CollectorConfig,
-                           env_spec: EnvSpec | Sequence[EnvSpec],
-                           policy: PolicySpec, module: torch.nn.Module, store: TrajectoryStore,
-                           plugin_name: str, key_prefix: str, weights: WeightsPublisher,
-                           settings: Mapping[str, Any] | None = None,
-                           resume: Resume | None = None) -> tuple[Run, int]:
-    """Install the plugin on every worker, check them, and publish version 0 of ``module``;
-    return the started :class:`Run` and the run number claimed in ``store`` (``settings``
-    go in its record). A ``resume``'s frames are counted again just before planning; when none
-    are left, no run is claimed (-1). ``env_spec``: the env, or the envs by env index."""
-    envs = tuple(env_spec) if isinstance(env_spec, Sequence) else (env_spec,)
+async def start_on_cluster(ready: Prepared) -> tuple[Run, int]:
+    """Install the plugin on every worker, check them, and publish version 0 of the policy;
+    return the started :class:`Run` and the run number claimed in the store (its record
+    stores ``ready.settings``). A resumed run's frames are counted again just before
+    planning; when none are left, no run is claimed (-1)."""
+    client, cfg, store, weights = ready.client, ready.config, ready.store, ready.weights
+    plugin_name, key_prefix, resume = ready.plugin_name, ready.key, ready.resume
+    envs, settings = ready.env_specs, ready.settings
+    policy, module = ready.checked.policy_spec, ready.checked.module
     await client.register_plugin(CollectorPlugin(
         plugin_name, envs, policy, cfg, cfg.device, cfg.env_vars or {}, store.url,
         store.storage_options, resumed=resume is not None,
@@ -84,8 +76,6 @@ async def start_on_cluster(client: Client, cfg: CollectorConfig,
                     resume.run, store.url, resume.frames,
                     "no limit" if resume.frames_left is None else resume.frames_left)
     # Claim a run number, last: a start that fails uses up none.
-    if settings is None:
-        settings = {"env": envs[0].label, **cfg.as_dict()}
     number = await asyncio.to_thread(store.register_run, settings,
                                      resumes=resume.run if resume is not None else None)
     assert first_id == run_first_batch(number)

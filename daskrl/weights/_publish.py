@@ -96,8 +96,10 @@ class WeightsPublisher:
             return "store"
         return "dask" if self.version in self.futures else "shared-memory"
 
-    def take_snapshot(self, policy: torch.nn.Module) -> WeightsSnapshot:
-        """Copy ``policy``'s weights now as the next version (not yet published)."""
+    def take_snapshot(self, policy: torch.nn.Module,
+                      version: int | None = None) -> WeightsSnapshot:
+        """Copy ``policy``'s weights now as ``version`` (default: the one after the newest
+        published), not yet published."""
         if not isinstance(policy, torch.nn.Module):
             raise PolicyError(
                 f"update_weights expects a torch.nn.Module, got {type(policy).__name__}.")
@@ -109,7 +111,8 @@ class WeightsPublisher:
                 "Collector for a new architecture."
             )
         self._layout = layout
-        version = self.version + 1
+        if version is None:
+            version = self.version + 1
         spare, self._spare = self._spare, None
         shared = self.segments.write(policy, version, layout)
         if shared is not None:
