@@ -114,4 +114,7 @@ def test_a_collector_given_sync_collects_first_done(tmp_path):
         async with collector:
             assert collector.config.rounds is False
             assert [h.frames async for h in collector] == [10] * 4
+            with pytest.warns(DeprecationWarning, match=re.escape(
+                    "Collector.run is deprecated: use Collector.run_number (same value).")):
+                assert collector.run == collector.run_number == 0
     _in_process(test)

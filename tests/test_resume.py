@@ -90,7 +90,7 @@ def test_a_collector_closed_early_is_resumed_to_exactly_total_frames(client, tmp
     # other streams, another compressor and another policy may change; the data's shape not
     with Collector("CartPole-v1", cartpole_policy, url, client=client, resume=True,
                    num_workers=1, compression="lz4", **SETTINGS) as collector:
-        assert collector.resumed == Resume(0, (0,), before, TOTAL) and collector.run == 1
+        assert collector.resumed == Resume(0, (0,), before, TOTAL) and collector.run_number == 1
         handles = []
         for handle in collector:
             handles.append(handle)
@@ -105,7 +105,7 @@ def test_a_collector_closed_early_is_resumed_to_exactly_total_frames(client, tmp
     with (caplog.at_level(logging.WARNING, logger="daskrl.collect._startup"),
           Collector("CartPole-v1", cartpole_policy, url, client=client, resume=True,
                     **SETTINGS) as collector):
-        assert list(collector) == [] and collector.run == -1
+        assert list(collector) == [] and collector.run_number == -1
         assert collector.resumed == Resume(1, (0, 1), TOTAL, TOTAL)
     assert (f"run 1 of store 'file://{url}' has {TOTAL} frames committed, total_frames={TOTAL}: "
             "nothing is left to collect, and no run is added") in caplog.text

@@ -224,7 +224,7 @@ def test_a_failed_start_uses_up_no_run_number(client, tmp_path):
     assert store.runs() == {} and store.backend.list_dir("runs") == ["zarr.json"]  # no probes
     with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, client=client,
                           envs_per_worker=2, frames_per_batch=4, total_frames=8) as c:
-        assert c.run == 0 and [h.batch_id for h in c] == [0, 1]
+        assert c.run_number == 0 and [h.batch_id for h in c] == [0, 1]
     assert list(daskrl.open_store(url).runs()) == [0]
 
 

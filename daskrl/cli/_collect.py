@@ -203,7 +203,7 @@ def run_collect(args: argparse.Namespace) -> int:
                                  or (dashboard_link(d.cluster) if d is not None else None))
             resumed = collector.resumed
             if resumed is not None:
-                _note_resume(args.store, resumed, collector.run)
+                _note_resume(args.store, resumed, collector.run_number)
             with tqdm(total=config.total_frames, unit="frame",
                       initial=resumed.frames if resumed is not None else 0,
                       disable=args.no_progress or args.json,
@@ -223,7 +223,7 @@ def run_collect(args: argparse.Namespace) -> int:
     resume = {"resumes": resumed.run if resumed is not None else None,
               "resumed_frames": resumed.frames if resumed is not None else 0}
     if args.json:
-        print(json.dumps(_plain({**s, "run": collector.run, "num_workers": n_workers,
+        print(json.dumps(_plain({**s, "run": collector.run_number, "num_workers": n_workers,
                                  "weights_transport": transport, **resume}), allow_nan=False))
         return 0
     mean = "n/a" if math.isnan(s["mean_return"]) else f"{s['mean_return']:.2f}"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from distributed import Client, Future
 
+from daskrl._renamed import Renamed
 from daskrl.collect._lifecycle import Closing, State, finalize, release
 from daskrl.collect._metrics import MetricsFeed
 from daskrl.collect._resume import Resume
@@ -103,6 +104,9 @@ class Collector:
     ``async for`` (``docs/collecting.md``): the same work as with a synchronous one.
     """
 
+    run = Renamed("run_number")
+    """Deprecated alias of :attr:`run_number`."""
+
     def __init__(self, env: EnvLike | Sequence[EnvLike], policy: PolicyLike, store: str, *,
                  storage_options: Mapping[str, Any] | None = None, client: Client | None = None,
                  config: CollectorConfig | None = None,
@@ -120,7 +124,9 @@ class Collector:
         self.observation_space, self.action_space = ready.observation_space, ready.action_space
         self.env_specs = ready.env_specs
         """Every env of the collection, by env index (``BatchHandle.env``)."""
-        self.run = -1  # the run number in the store: registered last, once started
+        self.run_number = -1
+        """The run's number in the store (``store.runs()``): -1 until it is registered, last
+        in the start (and for a resumed collection with nothing left to collect)."""
         self._resume = ready.resume
         self.dashboard_link: str | None = ready.dashboard_link
         """Link to the embedded cluster's dashboard (``http://127.0.0.1:PORT/status``) when
@@ -154,7 +160,7 @@ class Collector:
         try:
             ready, self._ready = self._ready, None  # the policy module is not kept
             assert ready is not None
-            self._run, self.run = await start_on_cluster(ready)
+            self._run, self.run_number = await start_on_cluster(ready)
         except BaseException:
             await self.aclose()
             raise
