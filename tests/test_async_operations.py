@@ -96,8 +96,16 @@ def test_update_weights_returns_an_awaitable_and_versions_keep_call_order(tmp_pa
             assert await collector.update_weights(_tag(policy, 4)) == 4
             handle = collector.hand_over(await (await collector.submit()))
             assert handle.weights_version == 4 and (handle.load(keys=["tag"])["tag"] == 4).all()
-            left = collector.update_weights(_tag(policy, 5))
-        assert collector.weights_version == 4 and not _segments()  # its copy is freed
+            # an update called while another is being published (between making its version
+            # the newest and loading it everywhere) takes the next number, none skipped
+            loading = asyncio.ensure_future(collector.update_weights(_tag(policy, 5), wait=True))
+            while collector.weights_version < 5:
+                await asyncio.sleep(0)
+            assert not loading.done()
+            assert await collector.update_weights(_tag(policy, 6)) == 6
+            assert await loading == 5
+            left = collector.update_weights(_tag(policy, 7))
+        assert collector.weights_version == 6 and not _segments()  # its copy is freed
         with pytest.raises(CollectorClosedError, match=re.escape(
                 "this collector was closed before these weights were published")):
             await left

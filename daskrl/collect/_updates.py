@@ -46,13 +46,16 @@ class WeightsUpdates:
     def __init__(self, weights: WeightsPublisher) -> None:
         self.weights = weights
         self.pending: collections.deque[Update] = collections.deque()
+        self._last = -1  # the newest version taken (the publisher's, if newer: version 0)
         self._lock: asyncio.Lock | None = None  # made on the client's event loop
 
     def take(self, policy: torch.nn.Module, wait: bool) -> Update:
-        """Copy ``policy``'s weights now, as the version after the last one taken."""
-        version = self.weights.version + 1 + len(self.pending)
+        """Copy ``policy``'s weights now, as the version after the last one taken (counted
+        here: one being published may be the newest already and still pending)."""
+        version = max(self._last, self.weights.version) + 1
         update = Update(self.weights.take_snapshot(policy, version), wait)
         self.pending.append(update)
+        self._last = version
         return update
 
     async def publish(self, run: Run, update: Update) -> int:
@@ -86,6 +89,7 @@ class WeightsUpdates:
             dropped = self.pending.pop()
             dropped.error = error
             self.weights.segments.release(dropped.version)
+        self._last = self.weights.version
 
     def close(self) -> None:
         """The collector closed: updates not published yet never will be."""
