@@ -1,6 +1,7 @@
 """The learner's facade: :class:`Collector` starts a collection, drives it, and closes it.
 
-The parts behind it: ``_startup`` (plugin, checks, store probe, version 0, run number),
+The parts behind it: ``_setup`` (what is checked and made before the start), ``_startup``
+(plugin, checks, store probe, version 0, run number),
 ``_planner`` (budget, streams, ids), ``_streams`` and ``_channel`` (one long-lived task per
 stream, handles straight to the learner), ``_supervisor`` (live workers, deadlines),
 ``_handover`` (policy-lag rule, statistics), ``_run`` (one started collection), ``_metrics``
