@@ -31,7 +31,6 @@ from daskrl.worker._devices import resolve_device
 from daskrl.worker._envs import EnvSpec, apply_env_vars, check_may_start_processes
 from daskrl.worker._rollout import EnvSet
 from daskrl.worker._threads import size_torch_threads
-from daskrl.worker._vector import VectorEnvSet, make_envset
 
 __all__ = ["CollectorPlugin", "collector_plugin"]
 
@@ -87,7 +86,7 @@ class CollectorPlugin(WorkerPlugin):
         may hold a mix), -1 before the first."""
         self.weight_loads = 0
         """Loads of a new version: one per version on this worker."""
-        self.envsets: dict[int, EnvSet | VectorEnvSet] = {}
+        self.envsets: dict[int, EnvSet] = {}
         self.store: TrajectoryStore | None = None
         self.weights = WeightsCache(self.name, f"worker {self.worker_address}",
                                     store=self.get_store)
@@ -182,7 +181,7 @@ class CollectorPlugin(WorkerPlugin):
         return self.envs[0]
 
     def envset(self, stream: int, previous_batch_id: int | None, batch_id: int,
-               attempt: int = 0, env: int = 0) -> EnvSet | VectorEnvSet:
+               attempt: int = 0, env: int = 0) -> EnvSet:
         """The stream's envs, continuing from its previous batch where this worker has them.
 
         Envs left behind by a batch that is not the stream's previous one (the stream ran
@@ -197,8 +196,8 @@ class CollectorPlugin(WorkerPlugin):
         if envset is None:
             fresh = previous_batch_id is None and attempt == 0 and not self.resumed
             restart = () if fresh else (batch_id, attempt)
-            envset = make_envset(self.envs[env], self.config.envs_per_worker, self.config.seed,
-                                 stream, restart, info_keys=self.config.info_keys)
+            envset = EnvSet(self.envs[env], self.config.envs_per_worker, self.config.seed,
+                            stream, restart, info_keys=self.config.info_keys)
             self.envsets[stream] = envset
         return envset
 

@@ -129,6 +129,16 @@ class SpaceLayout:
         it = iter(leaves)
         return _join(self.space, it)
 
+    def sample(self, leaves: list[np.ndarray], envs: list[int], spaces_: Sequence[gym.Space]
+               ) -> list[np.ndarray]:
+        """Copies of the leaves' ``[E, ...]`` arrays with rows ``envs`` sampled from each env's
+        own space in ``spaces_`` (seeded per env), in the arrays' dtypes."""
+        leaves = [a.copy() for a in leaves]
+        for i in envs:
+            for a, v in zip(leaves, self.split(spaces_[i].sample())):
+                a[i] = np.asarray(v).astype(a.dtype, copy=False).reshape(a.shape[1:])
+        return leaves
+
 
 def _split(space: gym.Space, value: Any, path: str, out: list[Any]) -> None:
     if isinstance(space, spaces.Dict):

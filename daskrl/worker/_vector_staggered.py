@@ -6,7 +6,7 @@ action; a vector env that cannot reset its ended sub-envs alone
 (:func:`~daskrl.worker._vector_envs.resets_one`: ``vector_entry_point`` envs, most
 ``VectorEnv`` subclasses) has to be stepped through it. That step is not a transition and is not
 stored, so each sub-env loses a vector step per episode and the columns of a batch fall out of
-step: :class:`StaggeredSteps` steps the vector env until every column holds its ``T``
+step: :class:`StaggeredLoop` steps the vector env until every column holds its ``T``
 transitions, and what a column made past ``T`` (its *spill*) opens the stream's next batch.
 """
 
@@ -18,11 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from daskrl.errors import BatchTimeoutError, EnvError
+from daskrl.errors import EnvError
 from daskrl.store._layout import UNUSED_EPISODE_IDS, episode_id_base
+from daskrl.worker._episodes import Episodes
 from daskrl.worker._infos import InfoRecorder
+from daskrl.worker._policy_output import OutputReader, policy_error
+from daskrl.worker._vector import VectorEnvs
 
-__all__ = ["Grid", "StaggeredSteps"]
+__all__ = ["Grid", "StaggeredLoop"]
 
 _RET, _LEN = "__return", "__length"
 """Rows of a column's spill that end an episode: its return and length, reported with the
@@ -53,51 +56,55 @@ class Grid:
         return self.arrays[key]
 
 
-class StaggeredSteps:
-    """The staggered rollout of :class:`~daskrl.worker._vector.VectorEnvSet` (its state and
-    its checked calls to the env and the policy are the env set's)."""
+class StaggeredLoop:
+    """The rollout of a vector env whose columns fill at their own pace, with what it keeps
+    between batches (the columns awaiting their reset step, and their spill)."""
 
-    n_envs: int
-    obs: list[np.ndarray]
-    obs_names: list[str]
-    next_names: list[str]
-    act_names: list[str]
-    info_keys: tuple[str, ...]
-    _info_carry: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]]
-    episode_id: np.ndarray
-    episode_step: np.ndarray
-    episode_return: np.ndarray
-    spec: Any
-    _awaiting: np.ndarray
-    _carry: dict[str, np.ndarray] | None
-    _carry_n: np.ndarray
-    _needs_reset: bool
+    def __init__(self, envs: VectorEnvs, episodes: Episodes) -> None:
+        self.envs = envs
+        self.episodes = episodes
+        E = self.n_envs = envs.n_envs
+        self.obs_names = envs.obs_layout.names("observation")
+        self.next_names = envs.obs_layout.names("next_observation")
+        self.act_names = envs.act_layout.names("action")
+        self._awaiting = np.zeros(E, np.bool_)
+        """Columns whose next step is the env's reset step."""
+        self._carry: dict[str, np.ndarray] | None = None
+        """What columns made past the last batch, for the next (``[K, E, ...]``)."""
+        self._carry_n = np.zeros(E, np.int64)
+        self._info_carry: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]] = []
+        """The infos of the carried rows, ``(rows, info, envs, done)`` per step."""
+        self._read: OutputReader | None = None
+        """Reads the policy's outputs; made from each batch's first."""
 
-    def _act(self, policy: torch.nn.Module, device: torch.device, first: bool, t: int,
-             batch_id: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-        raise NotImplementedError
+    def restart(self) -> None:
+        """Every sub-env was reset: nothing awaits a reset step, nothing is carried."""
+        self._awaiting[:] = False
+        self._carry, self._carry_n[:] = None, 0
+        self._info_carry = []
 
-    def _random(self, action: list[np.ndarray], mask: np.ndarray) -> list[np.ndarray]:
-        raise NotImplementedError
-
-    def _step(self, action: list[np.ndarray], t: int, batch_id: int, deadline: float | None
-              ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, Any]:
-        raise NotImplementedError
-
-    def _set_obs(self, leaves: list[np.ndarray], mask: np.ndarray | None = None) -> None:
-        raise NotImplementedError
-
-    def _record_info(self, recorder: InfoRecorder, rows: int | np.ndarray, info: Any,
-                     done: np.ndarray, envs: np.ndarray | None = None) -> None:
-        raise NotImplementedError
-
-    def _timeout(self, batch_id: int, t: int) -> BatchTimeoutError:
-        raise NotImplementedError
+    def _act(self, policy: torch.nn.Module, device: torch.device, t: int, batch_id: int
+             ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """The policy's actions (one array ``[E, ...]`` per leaf of the action space) and
+        extra outputs."""
+        envs = self.envs
+        # On CPU the policy reads the observation in place (unchanged until it has returned).
+        obs_t = envs.obs_layout.join([
+            torch.from_numpy(cur) if device.type == "cpu" else torch.as_tensor(cur, device=device)
+            for cur in envs.obs])
+        try:
+            with torch.inference_mode():
+                out = policy(obs_t)
+        except Exception as e:
+            raise policy_error(e, envs.spec.name, t, batch_id, obs_t) from e
+        if t == 0 or self._read is None:
+            self._read = OutputReader(out, envs.act_space, self.n_envs, envs.spec.name)
+        return self._read(out)
 
     def _new_grid(self, steps: int) -> Grid:
         grid = Grid(steps, self.n_envs)
         for names in (self.obs_names, self.next_names):
-            for name, cur in zip(names, self.obs):
+            for name, cur in zip(names, self.envs.obs):
                 grid.add(name, cur.shape[1:], cur.dtype)
         grid.add("reward", (), np.float32)
         grid.add("terminated", (), np.bool_)
@@ -115,24 +122,23 @@ class StaggeredSteps:
             if k not in grid.arrays:
                 grid.add(k, v.shape[1:], v.dtype)
 
-    def _run_staggered(self, policy: torch.nn.Module, device: torch.device, steps: int,
-                       batch_id: int, random_steps: int, deadline: float | None,
-                       recorder: InfoRecorder) -> tuple[
-                           dict[str, np.ndarray], list[float], list[int]]:
-        """NEXT_STEP without resetting sub-envs alone: each column has its own cursor, the
-        env's reset steps are skipped, and what a column makes past ``steps`` is kept for the
+    def run(self, policy: torch.nn.Module, device: torch.device, steps: int, batch_id: int,
+            random_steps: int, deadline: float | None, recorder: InfoRecorder
+            ) -> dict[str, np.ndarray]:
+        """A batch's arrays ``[steps, E, ...]``: each column has its own cursor, the env's
+        reset steps are skipped, and what a column makes past ``steps`` is kept for the
         stream's next batch.
 
-        Each vector step is recorded as one row (as in :meth:`_run_aligned`), with the
-        columns' cursors and which of them made a real step; the rows are put in their
-        columns' places at the end, one scatter per array."""
+        Each vector step is recorded as one row (as in the aligned loop), with the columns'
+        cursors and which of them made a real step; the rows are put in their columns' places
+        at the end, one scatter per array."""
         E = self.n_envs
         grid = self._new_grid(steps)
         grid.add(_RET, (), np.float64, 0.0)
         grid.add(_LEN, (), np.int64, -1)
-        returns: list[float] = []
-        lengths: list[int] = []
-        cursor = self._place_carry(grid, steps, batch_id, returns, lengths)
+        envs, episodes = self.envs, self.episodes
+        episodes.begin(batch_id)
+        cursor = self._place_carry(grid, steps, batch_id)
         raw = self._new_grid(steps + 8)  # one row per vector step
         raw.add("__row", (), np.int64)
         raw.add("__real", (), np.bool_)
@@ -142,11 +148,11 @@ class StaggeredSteps:
         t = 0
         while cursor.min() < steps:
             raw.ensure(t + 1)
-            for name, cur in zip(self.obs_names, self.obs):
+            for name, cur in zip(self.obs_names, envs.obs):
                 raw[name][t] = cur
-            raw["episode_id"][t] = self.episode_id
-            raw["step"][t] = self.episode_step
-            action, extras = self._act(policy, device, t == 0, t, batch_id)
+            raw["episode_id"][t] = episodes.id
+            raw["step"][t] = episodes.step
+            action, extras = self._act(policy, device, t, batch_id)
             if t == 0:
                 self._add_policy_arrays(grid, action, extras)
                 self._add_policy_arrays(raw, action, extras)
@@ -155,12 +161,14 @@ class StaggeredSteps:
             if random_steps:
                 random = real & (cursor < random_steps)
                 if random.any():
-                    action = self._random(action, random)
+                    action = envs.act_layout.sample(action, np.flatnonzero(random).tolist(),
+                                                    envs.action_spaces)
             for k, v in extras.items():
                 raw[k][t] = v
             for name, a in zip(self.act_names, action):
                 raw[name][t] = a
-            nobs, reward, terminated, truncated, info = self._step(action, t, batch_id, deadline)
+            nobs, reward, terminated, truncated, info = envs.raw_step(action, t, batch_id,
+                                                                      deadline)
             if resetting:
                 self._begin_episodes(self._awaiting, cursor, steps, batch_id, reward,
                                      terminated | truncated, t)
@@ -172,29 +180,28 @@ class StaggeredSteps:
             raw["__row"][t] = cursor
             raw["__real"][t] = real
             if not resetting:
-                self.episode_return += reward
-                self.episode_step += 1
+                episodes.ret += reward
+                episodes.step += 1
                 done = terminated | truncated
             else:
-                self.episode_return[real] += reward[real]
-                self.episode_step[real] += 1
+                episodes.ret[real] += reward[real]
+                episodes.step[real] += 1
                 done = real & (terminated | truncated)
-            if info and (self.info_keys or done.any()):
+            if info and (recorder.keys or done.any()):
                 infos.append((cursor.copy(), info, np.flatnonzero(real), done.copy()))
             if done.any():
                 for i in np.flatnonzero(done).tolist():
-                    ret, n = float(self.episode_return[i]), int(self.episode_step[i])
+                    ret, n = float(episodes.ret[i]), int(episodes.step[i])
                     if cursor[i] < steps:
-                        returns.append(ret)
-                        lengths.append(n)
+                        episodes.ended(ret, n)
                     else:  # reported with the batch this row goes to
                         spilled_ends.append((int(cursor[i]), i, ret, n))
             cursor += real
             self._awaiting = done
-            self._set_obs(nobs)
+            envs.set_obs(nobs)
             t += 1
             if deadline is not None and time.monotonic() > deadline:
-                raise self._timeout(batch_id, t)
+                raise envs.timeout(batch_id, t)
         # Each real step to its column's row: rows past ``steps`` are the spill.
         real = raw["__real"][:t]
         rows = raw["__row"][:t][real]
@@ -208,8 +215,7 @@ class StaggeredSteps:
             grid[_LEN][row, i] = n
         self._keep_carry(grid, steps, cursor)
         self._record_infos(recorder, self._info_carry + infos, steps)
-        out = {k: v[:steps] for k, v in grid.arrays.items() if k not in (_RET, _LEN)}
-        return out, returns, lengths
+        return {k: v[:steps] for k, v in grid.arrays.items() if k not in (_RET, _LEN)}
 
     def _record_infos(self, recorder: InfoRecorder,
                       infos: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]],
@@ -217,12 +223,12 @@ class StaggeredSteps:
         """Record each vector step's info for its real columns at their rows; what rows past
         ``steps`` hold is kept for the stream's next batch, with the rows they carry to."""
         carry = []
-        for rows, info, envs, done in infos:
-            inside = rows[envs] < steps
+        for rows, info, real, done in infos:
+            inside = rows[real] < steps
             if inside.any():
-                self._record_info(recorder, rows, info, done, envs=envs[inside])
+                self.envs.record_info(recorder, rows, info, done, envs=real[inside])
             if not inside.all():
-                carry.append((rows - steps, info, envs[~inside], done))
+                carry.append((rows - steps, info, real[~inside], done))
         self._info_carry = carry
 
     def _begin_episodes(self, mask: np.ndarray, cursor: np.ndarray, steps: int, batch_id: int,
@@ -233,9 +239,8 @@ class StaggeredSteps:
         bad = mask & ((reward != 0) | done)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            self._needs_reset = True
             raise EnvError(
-                f"env {self.spec.name} (env index {i}) returned reward={float(reward[i])!r} "
+                f"env {self.envs.spec.name} (env index {i}) returned reward={float(reward[i])!r} "
                 f"terminated/truncated={bool(done[i])} at step {t} of batch {batch_id}, the "
                 "step after its episode ended: in autoreset mode NEXT_STEP (its "
                 "metadata['autoreset_mode'], or gymnasium's default) that step resets the "
@@ -243,18 +248,18 @@ class StaggeredSteps:
             )
         idx = np.flatnonzero(mask)
         c = cursor[idx]
-        self.episode_id[idx] = np.where(
+        episodes = self.episodes
+        episodes.id[idx] = np.where(
             c <= steps, episode_id_base(batch_id) + c * self.n_envs + idx, -(1 + c - steps))
-        self.episode_step[idx] = 0
-        self.episode_return[idx] = 0.0
+        episodes.step[idx] = 0
+        episodes.ret[idx] = 0.0
 
     def _keep_carry(self, grid: Grid, steps: int, cursor: np.ndarray) -> None:
         self._carry_n = cursor - steps
         k = int(self._carry_n.max())
         self._carry = {key: v[steps:steps + k].copy() for key, v in grid.arrays.items()} if k else None
 
-    def _place_carry(self, grid: Grid, steps: int, batch_id: int, returns: list[float],
-                     lengths: list[int]) -> np.ndarray:
+    def _place_carry(self, grid: Grid, steps: int, batch_id: int) -> np.ndarray:
         """Put the transitions columns made past the last batch at the top of this one (those
         past this one's ``steps`` rows stay in its spill); the columns' cursors after them."""
         carry, have = self._carry, self._carry_n
@@ -271,10 +276,10 @@ class StaggeredSteps:
                 grid[key][:m, i] = v[:m, i]
             self._fix_ids(grid["episode_id"][:m, i], i, steps, batch_id)
             ended = np.flatnonzero(grid[_LEN][:min(m, steps), i] >= 0)
-            returns.extend(grid[_RET][ended, i].tolist())
-            lengths.extend(grid[_LEN][ended, i].tolist())
+            for ret, n in zip(grid[_RET][ended, i].tolist(), grid[_LEN][ended, i].tolist()):
+                self.episodes.ended(ret, n)
             grid[_LEN][:min(m, steps), i] = -1  # reported
-        self._fix_ids(self.episode_id, np.arange(self.n_envs), steps, batch_id)
+        self._fix_ids(self.episodes.id, np.arange(self.n_envs), steps, batch_id)
         return have.copy()
 
     def _fix_ids(self, ids: np.ndarray, env: Any, steps: int, batch_id: int) -> None:

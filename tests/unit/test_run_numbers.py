@@ -31,7 +31,6 @@ from daskrl.store._layout import (
 from daskrl.testing import CountingEnv, CountingVectorEnv, TagPolicy
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._rollout import EnvSet
-from daskrl.worker._vector import VectorEnvSet
 
 CPU = torch.device("cpu")
 EDGE_RUNS = (0, 1, 548, 549, 550, 551, 65_535, MAX_RUNS - 2, MAX_RUNS - 1)
@@ -102,16 +101,16 @@ def _single() -> EnvSet:
     return EnvSet(EnvSpec(lambda: CountingEnv(3)), n_envs=3, seed=0, stream=0)
 
 
-def _aligned() -> VectorEnvSet:
-    envset = VectorEnvSet(EnvSpec(functools.partial(CountingVectorEnv, 3, 3, "SameStep"),
-                                  num_envs=3), 3, seed=0, stream=0)
+def _aligned() -> EnvSet:
+    envset = EnvSet(EnvSpec(functools.partial(CountingVectorEnv, 3, 3, "SameStep"),
+                            num_envs=3), 3, seed=0, stream=0)
     assert not envset.staggered
     return envset
 
 
-def _staggered() -> VectorEnvSet:
-    envset = VectorEnvSet(EnvSpec(functools.partial(CountingVectorEnv, 3, 1, "NextStep"),
-                                  num_envs=3), 3, seed=0, stream=0)
+def _staggered() -> EnvSet:
+    envset = EnvSet(EnvSpec(functools.partial(CountingVectorEnv, 3, 1, "NextStep"),
+                            num_envs=3), 3, seed=0, stream=0)
     assert envset.staggered  # ids of episodes not yet stored are carried as placeholders
     return envset
 

@@ -31,7 +31,6 @@ from daskrl.testing import (
 )
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._rollout import EnvSet
-from daskrl.worker._vector import VectorEnvSet
 
 CPU = torch.device("cpu")
 MODES = ("NextStep", "SameStep", "Disabled")
@@ -47,7 +46,7 @@ def _sync(make, n: int, mode: str):
                          ids=["dict", "tuple"])
 def test_structured_spaces_store_what_single_envs_store(make, mode):
     E = 3
-    vec = VectorEnvSet(EnvSpec(_sync(make, E, mode), num_envs=E), E, seed=7, stream=1)
+    vec = EnvSet(EnvSpec(_sync(make, E, mode), num_envs=E), E, seed=7, stream=1)
     one = EnvSet(EnvSpec(make), E, seed=7, stream=1)
     policy = SpacePolicy(one.act_space)
     for batch_id, random_steps in ((0, 3), (1, 0)):
@@ -88,7 +87,7 @@ def test_infos_and_dict_observations_of_a_native_vector_env_in_each_mode(mode):
     E, L = 3, 3
     spec = EnvSpec(functools.partial(CountingVectorEnv, E, L, mode, dict_obs=True, infos=True),
                    num_envs=E)
-    envset = VectorEnvSet(spec, E, seed=0, stream=0, info_keys=("t", "is_success"))
+    envset = EnvSet(spec, E, seed=0, stream=0, info_keys=("t", "is_success"))
     assert envset.staggered == (mode == "NextStep")  # its own reset steps are skipped
     last = None
     for batch_id in range(4):
@@ -109,7 +108,7 @@ def test_sub_env_record_episode_statistics_reach_the_stats(mode):
     makes = [lambda n=n: gym.wrappers.RecordEpisodeStatistics(CountingEnv(3 + n))
              for n in range(E)]
     spec = EnvSpec(lambda: SyncVectorEnv(makes, autoreset_mode=mode), num_envs=E)
-    envset = VectorEnvSet(spec, E, seed=0, stream=0, info_keys=("episode",))
+    envset = EnvSet(spec, E, seed=0, stream=0, info_keys=("episode",))
     for batch_id in range(2):
         out, stats = envset.collect(TagPolicy(), CPU, steps=9, batch_id=batch_id)
         assert len(stats["episode_stats"]) == len(stats["episode_lengths"]) > 3
@@ -129,7 +128,7 @@ def test_vector_wrapper_by_spec_on_a_staggered_vector_env():
     spec = EnvSpec(functools.partial(CountingVectorEnv, E, L, "NextStep"),
                    wrappers=parse_wrappers(["gymnasium.wrappers.vector.RecordEpisodeStatistics"]))
     spec, _, _ = spec.inspect()
-    envset = VectorEnvSet(spec, E, seed=0, stream=0)
+    envset = EnvSet(spec, E, seed=0, stream=0)
     assert envset.staggered
     total = 0
     for batch_id in range(3):
@@ -144,7 +143,7 @@ def test_vector_wrapper_by_spec_on_a_staggered_vector_env():
 def test_single_env_wrappers_wrap_each_sub_env_of_make_vec():
     spec = EnvSpec("Counting-v0", vectorization_mode="sync", num_envs=2,
                    wrappers=parse_wrappers(["gymnasium.wrappers.TimeLimit:max_episode_steps=2"]))
-    envset = VectorEnvSet(spec, 2, seed=0, stream=0)
+    envset = EnvSet(spec, 2, seed=0, stream=0)
     out, stats = envset.collect(TagPolicy(), CPU, steps=6, batch_id=0)
     assert set(stats["episode_lengths"]) == {2} and out["truncated"][1::2].all()
     envset.close()

@@ -19,7 +19,6 @@ from daskrl.policies import MLPPolicy
 from daskrl.testing import ConstantPolicy, CountingEnv, CountingVectorEnv, FaultyEnv, TagPolicy
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._rollout import EPISODE_ID_STRIDE, EnvSet
-from daskrl.worker._vector import VectorEnvSet
 from daskrl.worker._vector_envs import env_seed
 
 CPU = torch.device("cpu")
@@ -89,7 +88,7 @@ def check_counting(batches, lengths) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sync_vector_env_stores_only_real_transitions(mode):
-    envset = VectorEnvSet(_sync(mode), 3, seed=0, stream=0)
+    envset = EnvSet(_sync(mode), 3, seed=0, stream=0)
     assert not envset.staggered  # SyncVectorEnv resets ended sub-envs alone
     check_counting(_collect(envset, [7, 7, 5, 7]), [3, 4, 5])
     envset.close()
@@ -97,7 +96,7 @@ def test_sync_vector_env_stores_only_real_transitions(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_native_vector_env_stores_only_real_transitions(mode):
-    envset = VectorEnvSet(_native(mode), 3, seed=0, stream=0)
+    envset = EnvSet(_native(mode), 3, seed=0, stream=0)
     assert envset.staggered == (mode == "NextStep")
     batches = _collect(envset, [7, 7, 2, 1, 7, 9])
     check_counting(batches, [3, 4, 5])
@@ -107,12 +106,12 @@ def test_native_vector_env_stores_only_real_transitions(mode):
 def test_next_step_columns_run_ahead_and_open_the_next_batch():
     """CountingVectorEnv resets every sub-env on reset(): its reset steps are skipped, each
     column fills at its own pace, and what a column made past T opens the next batch."""
-    envset = VectorEnvSet(_native("NextStep", n=3, length=1), 3, seed=0, stream=0)
+    envset = EnvSet(_native("NextStep", n=3, length=1), 3, seed=0, stream=0)
     carried = []
     batches = []
     for b, T in enumerate([4, 4, 1, 1, 4]):
         batches.append((b, *envset.collect(TagPolicy(), CPU, steps=T, batch_id=b)))
-        carried.append(envset._carry_n.tolist())
+        carried.append(envset._staggered._carry_n.tolist())
     # length-1 episodes in column 0 take two vector steps each; length-3 ones in column 2 four
     # for three transitions: column 2 runs ahead of column 0 within a batch.
     assert any(max(c) > 0 for c in carried), carried
@@ -121,7 +120,7 @@ def test_next_step_columns_run_ahead_and_open_the_next_batch():
 
 
 def test_next_step_carry_keeps_episode_ids_named_where_they_start():
-    envset = VectorEnvSet(_native("NextStep", n=2, length=1), 2, seed=0, stream=0)
+    envset = EnvSet(_native("NextStep", n=2, length=1), 2, seed=0, stream=0)
     batches = [(10 + b, *envset.collect(TagPolicy(), CPU, steps=T, batch_id=10 + b))
                for b, T in enumerate([3, 1, 1, 1, 3])]
     check_counting(batches, [1, 2])
@@ -134,7 +133,7 @@ def test_same_data_as_single_envs_seeds_ids_and_random_actions():
     policy = MLPPolicy(env.observation_space, env.action_space)
     env.close()
     single = EnvSet(EnvSpec("CartPole-v1"), 4, seed=5, stream=2)
-    vector = VectorEnvSet(EnvSpec("CartPole-v1", vectorization_mode="sync", num_envs=4), 4,
+    vector = EnvSet(EnvSpec("CartPole-v1", vectorization_mode="sync", num_envs=4), 4,
                           seed=5, stream=2)
     for b in range(3):
         torch.manual_seed(b)
@@ -154,7 +153,7 @@ def test_vector_entry_point_cartpole_stores_no_reset_step():
     """CartPoleVectorEnv (NEXT_STEP, no partial reset): a reset step would be a reward of 0;
     every stored reward is 1, terminal next observations are past the thresholds, others not."""
     spec = EnvSpec("CartPole-v1", vectorization_mode="vector_entry_point", num_envs=4)
-    envset = VectorEnvSet(spec, 4, seed=0, stream=0)
+    envset = EnvSet(spec, 4, seed=0, stream=0)
     assert envset.staggered
     batches = _collect(envset, [60, 60, 60], policy=ConstantPolicy(0))
     data = {k: np.concatenate([a[k] for _, a, _ in batches]) for k in batches[0][1]}
@@ -172,7 +171,7 @@ def test_sub_env_error_names_its_index():
     factories = [functools.partial(CountingEnv, 3),
                  functools.partial(FaultyEnv, "raise", at=4, token="vector-index")]
     spec = EnvSpec(lambda: SyncVectorEnv(factories), num_envs=2)
-    envset = VectorEnvSet(spec, 2, seed=0, stream=0)
+    envset = EnvSet(spec, 2, seed=0, stream=0)
     with pytest.raises(EnvError, match=re.escape("(env index 1) raised in step() at step 3 of "
                                                  "batch 7")) as info:
         envset.collect(TagPolicy(), CPU, steps=10, batch_id=7)
@@ -187,7 +186,7 @@ def test_same_step_env_without_final_obs_names_the_sub_env():
             return obs, r, te, tr, {}
 
     spec = EnvSpec(lambda: NoFinal(2, 2, "SameStep"), num_envs=2)
-    envset = VectorEnvSet(spec, 2, seed=0, stream=0)
+    envset = EnvSet(spec, 2, seed=0, stream=0)
     with pytest.raises(EnvError, match=re.escape("(env index 0) ended an episode at step 1 of "
                                                  "batch 0")):
         envset.collect(TagPolicy(), CPU, steps=5, batch_id=0)
@@ -198,7 +197,7 @@ def test_reset_mask_that_resets_everything_is_an_error():
         def reset(self, *, seed=None, options=None):
             return super().reset(seed=seed)  # ignores the mask
 
-    envset = VectorEnvSet(EnvSpec(lambda: ResetsAll(2, 2, "Disabled"), num_envs=2), 2, 0, 0)
+    envset = EnvSet(EnvSpec(lambda: ResetsAll(2, 2, "Disabled"), num_envs=2), 2, 0, 0)
     with pytest.raises(EnvError, match="changed the observations of sub-envs outside the mask"):
         envset.collect(TagPolicy(), CPU, steps=5, batch_id=0)
 
@@ -211,7 +210,7 @@ def test_mislabelled_autoreset_mode_is_an_error():
             super().__init__(2, 2, "SameStep")
             self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
-    envset = VectorEnvSet(EnvSpec(Mislabelled, num_envs=2), 2, seed=0, stream=0)
+    envset = EnvSet(EnvSpec(Mislabelled, num_envs=2), 2, seed=0, stream=0)
     with pytest.raises(EnvError, match=re.escape("(env index 0) returned reward=1.0")):
         envset.collect(TagPolicy(), CPU, steps=5, batch_id=0)
 
@@ -222,7 +221,7 @@ def test_vector_env_outputs_are_checked():
             obs, r, te, tr, info = super().step(actions)
             return obs, r[:1], te, tr, info
 
-    envset = VectorEnvSet(EnvSpec(lambda: BadReward(2), num_envs=2), 2, seed=0, stream=0)
+    envset = EnvSet(EnvSpec(lambda: BadReward(2), num_envs=2), 2, seed=0, stream=0)
     with pytest.raises(EnvError, match=re.escape("reward of shape (1,)")):
         envset.collect(TagPolicy(), CPU, steps=5, batch_id=0)
 
@@ -260,7 +259,7 @@ def test_vector_options_are_checked():
 def test_id_with_vectorization_mode_takes_max_episode_steps():
     for mode in ("sync", "vector_entry_point"):
         spec = EnvSpec("CartPole-v1", max_episode_steps=5, vectorization_mode=mode, num_envs=2)
-        envset = VectorEnvSet(spec, 2, seed=0, stream=0)
+        envset = EnvSet(spec, 2, seed=0, stream=0)
         arrays, _ = envset.collect(TagPolicy(), CPU, steps=12, batch_id=0)
         assert arrays["step"].max() <= 4 and arrays["truncated"].any(), mode
         envset.close()
@@ -275,8 +274,8 @@ def test_env_seed_reaches_the_factory_one_per_stream():
 
     spec = EnvSpec(factory, num_envs=2)
     for stream in (0, 1):
-        VectorEnvSet(spec, 2, seed=3, stream=stream).close()
-    VectorEnvSet(spec, 2, seed=3, stream=0).close()
+        EnvSet(spec, 2, seed=3, stream=stream).close()
+    EnvSet(spec, 2, seed=3, stream=0).close()
     assert seen[0] != seen[1] and seen[0] == seen[2] and min(seen) >= 0
     assert env_seed(default=-1) == -1  # outside a build
 
@@ -285,7 +284,7 @@ def test_env_seed_reaches_the_factory_one_per_stream():
 def test_reset_at_each_batch_starts_every_sub_env_anew(mode):
     """reset_at_each_iter: every batch starts fresh episodes in every column (what a column
     made past the last batch goes with the envs' old state)."""
-    envset = VectorEnvSet(_native(mode, n=3, length=1), 3, seed=0, stream=0)
+    envset = EnvSet(_native(mode, n=3, length=1), 3, seed=0, stream=0)
     for b in range(3):
         arrays, _ = envset.collect(TagPolicy(), CPU, steps=5, batch_id=b, reset=True)
         assert (arrays["step"][0] == 0).all()
@@ -299,7 +298,7 @@ def test_random_steps_sample_each_columns_own_action_space():
     spec = EnvSpec("CartPole-v1", vectorization_mode="vector_entry_point", num_envs=4)
     runs = []
     for _ in range(2):
-        envset = VectorEnvSet(spec, 4, seed=1, stream=0)
+        envset = EnvSet(spec, 4, seed=1, stream=0)
         arrays, _ = envset.collect(ConstantPolicy(0), CPU, steps=30, batch_id=0,
                                    random_steps=20)
         runs.append(arrays["action"])
@@ -317,7 +316,7 @@ def test_non_finite_reward_of_a_sub_env_names_its_index_and_the_next_batch_reset
 
     spec = EnvSpec(lambda: SyncVectorEnv([functools.partial(CountingEnv, 10),
                                           functools.partial(NaNRewardEnv, 10)]), num_envs=2)
-    envset = VectorEnvSet(spec, 2, seed=0, stream=0)
+    envset = EnvSet(spec, 2, seed=0, stream=0)
     with pytest.raises(EnvError, match=r"env index 1\) returned a non-finite reward at step 2"):
         envset.collect(TagPolicy(), CPU, steps=5, batch_id=0)
     arrays, _ = envset.collect(TagPolicy(), CPU, steps=2, batch_id=1)  # reset after the error
