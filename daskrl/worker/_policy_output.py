@@ -25,9 +25,11 @@ __all__ = ["RESERVED_KEYS", "OutputReader", "check_action", "check_extras", "des
 
 
 def split_policy_output(out: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-    """``(action, extras)`` from a policy's output: a tensor, or a dict with ``"action"``
-    (for a ``Dict`` or ``Tuple`` action space, ``"action"`` is a dict or tuple of tensors)."""
-    if isinstance(out, torch.Tensor):
+    """``(action, extras)`` from a policy's output: a tensor, a tuple of tensors (the action
+    of a ``Tuple`` action space, as gymnasium's vector envs take it), or a dict with
+    ``"action"`` (for a ``Dict`` or ``Tuple`` action space, ``"action"`` is a dict or tuple
+    of tensors)."""
+    if isinstance(out, (torch.Tensor, tuple)):
         return out, {}
     if isinstance(out, Mapping):
         if "action" not in out:
@@ -50,14 +52,22 @@ def split_policy_output(out: Any) -> tuple[Any, dict[str, torch.Tensor]]:
             extras[str(k)] = v
         return out["action"], extras
     raise PolicyError(
-        f"the policy returned {type(out).__name__}; expected an action tensor [E, *action] or "
-        "a dict {'action': ..., other per-step outputs}."
+        f"the policy returned {type(out).__name__}; expected an action tensor [E, *action] (a "
+        "tuple of them for a Tuple action space) or a dict {'action': ..., other per-step "
+        "outputs}."
     )
 
 
 def check_action(action: Any, space: gym.Space, n_envs: int, env_name: str) -> None:
     """Raise :class:`PolicyError` unless ``action`` fits ``space`` for ``n_envs`` envs (a
     ``Dict`` or ``Tuple`` space: a dict or tuple of tensors, each fitting its entry)."""
+    if isinstance(action, tuple) and not isinstance(space, spaces.Tuple):
+        raise PolicyError(
+            f"policy output 'action' is a tuple {describe(action)}: a tuple is the action of a "
+            f"Tuple action space, but env {env_name} has the action space {space!r}. Return "
+            "the action as a tensor, and any extra outputs in a dict {'action': ..., "
+            "'log_prob': ...}."
+        )
     layout = SpaceLayout(space)
     try:
         parts = layout.split(action)

@@ -196,3 +196,46 @@ def test_policy_that_raises_on_dict_observations_describes_them():
         check_policy_output(Raises(), spec, env.observation_space, env.action_space, 2)
     with pytest.raises(PolicyError, match=re.escape("'phase': tensor (2,) torch.int64 on cpu")):
         EnvSet(spec, n_envs=2, seed=0, stream=0).collect(Raises(), CPU, 2, 0)
+
+
+class _BareTuple(torch.nn.Module):
+    """SpacePolicy's actions of a Tuple action space, returned as a bare tuple."""
+
+    def __init__(self, action_space: gym.Space) -> None:
+        super().__init__()
+        self.inner = SpacePolicy(action_space)
+
+    def forward(self, obs):
+        return self.inner(obs)["action"]
+
+
+def test_a_bare_tuple_is_the_action_of_a_tuple_space():
+    """As gymnasium's vector envs take it: the same batch as ``{"action": (...)}``."""
+    env = TupleCountingEnv(3)
+    check_policy_output(_BareTuple(env.action_space), EnvSpec(TupleCountingEnv),
+                        env.observation_space, env.action_space, 2)
+    torch.manual_seed(0)
+    bare = _collect(lambda: TupleCountingEnv(3), _BareTuple(env.action_space))
+    torch.manual_seed(0)
+    wrapped = _collect(lambda: TupleCountingEnv(3), SpacePolicy(env.action_space))
+    assert sorted(bare) == sorted(wrapped)
+    for key in wrapped:
+        assert np.array_equal(bare[key], wrapped[key]), key
+    assert bare["action/0"].dtype == np.int64 and bare["action/1"].shape == (18, 3, 1)
+
+
+def test_a_bare_tuple_for_another_action_space_is_refused():
+    class Pair(torch.nn.Module):
+        def forward(self, obs):
+            return torch.zeros(obs.shape[0], dtype=torch.int64), torch.zeros(obs.shape[0])
+
+    env = gym.make("CartPole-v1")
+    spec = EnvSpec("CartPole-v1")
+    problem = ("policy output 'action' is a tuple (tensor (2,) torch.int64 on cpu, tensor "
+               "(2,) torch.float32 on cpu): a tuple is the action of a Tuple action space, but "
+               "env 'CartPole-v1' has the action space Discrete(2). Return the action as a "
+               "tensor, and any extra outputs in a dict {'action': ..., 'log_prob': ...}.")
+    with pytest.raises(PolicyError, match=re.escape(problem)):
+        check_policy_output(Pair(), spec, env.observation_space, env.action_space, 2)
+    with pytest.raises(PolicyError, match=re.escape(problem)):
+        EnvSet(spec, n_envs=2, seed=0, stream=0).collect(Pair(), CPU, 2, 0)
