@@ -2,7 +2,7 @@
 ``gymnasium.wrappers.RecordEpisodeStatistics`` reports.
 
 :class:`InfoRecorder` takes each step's infos in either form gymnasium has: a list of ``E``
-single-env dicts (``EnvSet`` steps single envs), or one vector-env dict whose entries are
+single-env dicts (``SingleEnvs`` steps single envs), or one vector-env dict whose entries are
 arrays over the envs, each with its ``_<key>`` mask (``gymnasium.vector.VectorEnv``, envpool).
 Entry ``<key>`` of a batch becomes the array ``info/<key>`` ``[T, E, ...]`` and its mask
 ``info/_<key>`` ``[T, E]`` (True where the env's info had the key at that step; the value is 0

@@ -2,8 +2,9 @@
 
 Its autoreset mode, whether it can reset some of its sub-envs alone
 (``reset(options={"reset_mask": mask})``), how it takes its first seeds, how to step it with a
-deadline, and which sub-env an error came from.  The rollout itself is in
-:mod:`daskrl.worker._vector`.
+deadline, and which sub-env an error came from.  The vector env's checked calls are in
+:mod:`daskrl.worker._vector`, the loops that step it in :mod:`daskrl.worker._rollout` and
+:mod:`daskrl.worker._vector_staggered`.
 
 Private parts of gymnasium and envpool read here (and nowhere else): ``AsyncVectorEnv``'s
 ``parent_pipes`` (the one it closed after a sub-process's error) and ``shared_memory``, the
