@@ -1,6 +1,7 @@
 """The shape of the package, read from every import in ``daskrl/`` with ``ast``: those at
 module level, inside functions and under ``TYPE_CHECKING``, plus the modules a package's
-``_LAZY`` map or an ``importlib.import_module("daskrl...")`` call names.
+``_LAZY`` map or an ``importlib.import_module("daskrl...")`` or ``__import__("daskrl...")``
+call names.
 
 - no two packages import each other;
 - ``store/`` imports neither ``data/``, ``integrations/`` nor ``collect/``;
@@ -46,8 +47,9 @@ def _known(name: str) -> str | None:
     return None
 
 
-def _imports(module: str) -> list[tuple[str, bool]]:
-    """``(imported module, at import time)`` for every import of ``module`` into daskrl."""
+def _imports(module: str, source: str | None = None) -> list[tuple[str, bool]]:
+    """``(imported module, at import time)`` for every import of ``module`` into daskrl
+    (``source``: its text, read from its file unless given)."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[tuple[str, bool]] = []
@@ -75,7 +77,8 @@ def _imports(module: str) -> list[tuple[str, bool]]:
                     full = f"{base}.{alias.name}"
                     add(full if full in MODULES else base, now)
             elif isinstance(child, ast.Call) and ast.unparse(child.func).endswith(
-                    "import_module") and child.args and isinstance(child.args[0], ast.Constant):
+                    ("import_module", "__import__")) and child.args and isinstance(
+                    child.args[0], ast.Constant):
                 add(str(child.args[0].value), False)
             elif isinstance(child, ast.Assign) and isinstance(child.value, ast.Dict) and any(
                     isinstance(t, ast.Name) and t.id == "_LAZY" for t in child.targets):
@@ -85,7 +88,7 @@ def _imports(module: str) -> list[tuple[str, bool]]:
                         add(name if name.startswith("daskrl") else f"{module}.{name}", False)
             visit(child, now)
 
-    visit(ast.parse(path.read_text()), True)
+    visit(ast.parse(path.read_text() if source is None else source), True)
     return found
 
 
@@ -139,9 +142,34 @@ def _uses(source: str, target: str) -> list[str]:
                   if _package(m) == source and _package(t) == target)
 
 
+WALKED = """
+from typing import TYPE_CHECKING
+import importlib
+
+from daskrl.store._layout import run_of
+from . import _url
+
+if TYPE_CHECKING:
+    from daskrl.store._store import TrajectoryStore
+
+_LAZY = {"open_store": "_store", "BatchHandle": "daskrl.store._handles"}
+
+
+def later():
+    from daskrl.store._writing import Writer
+    importlib.import_module("daskrl.store._reading")
+    __import__("daskrl.store._commits")
+"""
+
+
 def test_the_walk_sees_the_imports_of_every_kind():
-    # A module-level, a TYPE_CHECKING, a function-level and a lazy-map import, as the rules
+    # Module-level, TYPE_CHECKING, function-level, lazy-map and by-name imports, as the rules
     # below depend on each kind being seen.
+    assert sorted(_imports("daskrl.store", WALKED)) == [
+        ("daskrl.store._commits", False), ("daskrl.store._handles", False),
+        ("daskrl.store._layout", True), ("daskrl.store._reading", False),
+        ("daskrl.store._store", False), ("daskrl.store._store", False),
+        ("daskrl.store._url", True), ("daskrl.store._writing", False)]
     assert ("daskrl.store", True) in IMPORTS["daskrl.data._transitions"]
     assert ("daskrl.store._store", False) in IMPORTS["daskrl.store._handles"]
     assert ("daskrl.data._episodes", False) in IMPORTS["daskrl.data"]
