@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from daskrl.data._dask_view import dask_view
 from daskrl.errors import ConfigError, MissingDependencyError, UsageError
-from daskrl.store import dimension_names, normalize_url
+from daskrl.store import TrajectoryStore, dimension_names, normalize_url
 
 if TYPE_CHECKING:
     import xarray
 
-    from daskrl.store import BatchHandle, TrajectoryStore
+    from daskrl.store import BatchHandle
 
 __all__ = ["batch_to_xarray", "to_xarray"]
 
@@ -93,7 +93,12 @@ def batch_to_xarray(handle: BatchHandle, keys: Sequence[str] | None = None, *,
     array a variable with dimensions ``(time, env, <array>_0, ...)``, read through daskrl's
     checked reader when computed; attributes ``batch_id``, ``weights_version``, ``worker``,
     ``device``.  ``store`` and ``storage_options``: as for :meth:`~daskrl.BatchHandle.load`."""
-    store = handle.reading_store(store, storage_options)
+    reading = handle.reading_store(store, storage_options)
+    if not isinstance(reading, TrajectoryStore):  # a handle reads through any ReadingStore
+        raise UsageError(f"batch_to_xarray reads through a TrajectoryStore, and the handle of "
+                         f"batch {handle.batch_id} has a {type(reading).__name__}: pass "
+                         "store=open_store(url, storage_options).")
+    store = reading
     if normalize_url(handle.store_url) != store.url:
         raise UsageError(f"the handle of batch {handle.batch_id} belongs to the store "
                          f"{handle.store_url!r}, not to {store.url!r}.")

@@ -26,12 +26,12 @@ import torch
 from daskrl._nested import nest
 from daskrl.errors import BatchNotFoundError, UsageError
 from daskrl.store._backends import Backend, open_backend
+from daskrl.store._batch_handle import BatchHandle, register_store_opener
 from daskrl.store._commits import CommitIndex
 from daskrl.store._documents import Documents
 from daskrl.store._env_select import EnvFilter, env_matcher
 from daskrl.store._format import ArrayLayout, ReadLimits
 from daskrl.store._format.compression import Compression
-from daskrl.store._handles import BatchHandle
 from daskrl.store._housekeeping import DEFAULT_GRACE_SECONDS, GarbageReport, Housekeeping
 from daskrl.store._layout import BATCH_IDS_PER_RUN, FORMAT_NAME, FORMAT_VERSION, MAX_RUNS
 from daskrl.store._reading import BatchSizes, Reader
@@ -39,8 +39,9 @@ from daskrl.store._root import check_root, create_root
 from daskrl.store._url import check_store_options, normalize_url
 from daskrl.store._writing import Writer
 
-__all__ = ["BATCH_IDS_PER_RUN", "FORMAT_NAME", "FORMAT_VERSION", "MAX_RUNS", "TrajectoryStore",
-           "VersionFilter", "check_store_options", "normalize_url", "open_store"]
+__all__ = ["BATCH_IDS_PER_RUN", "FORMAT_NAME", "FORMAT_VERSION", "MAX_RUNS", "BatchHandle",
+           "TrajectoryStore", "VersionFilter", "check_store_options", "normalize_url",
+           "open_store"]
 
 VersionFilter = int | Collection[int] | Callable[[int], bool] | None
 """A weights version, a collection of them (``range`` works), or a predicate."""
@@ -357,6 +358,9 @@ class TrajectoryStore:
         removed without removing it.
         """
         return self._housekeeping.collect_garbage(older_than, dry_run)
+
+
+register_store_opener(TrajectoryStore)  # a handle without a store object opens one from its URL
 
 
 def _moved(method: str) -> NoReturn:

@@ -8,8 +8,7 @@ call names.
 - ``store/_format/`` imports only itself, ``daskrl.errors`` and private leaf helpers
   (``daskrl._*`` modules);
 - ``data/`` reaches the store only through ``daskrl.store``'s exports;
-- no cycle of modules: none among the imports run at import time, and none among all imports
-  but the one listed in ``KNOWN_CYCLES``.
+- no cycle of modules, among the imports run at import time or among all imports.
 """
 
 from __future__ import annotations
@@ -20,12 +19,6 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "daskrl"
-
-KNOWN_CYCLES = [
-    # A handle opens its store from its URL (a handle sent to another process), and the store
-    # makes handles; both directions are function-level or type-checking imports.
-    {"daskrl.store._handles", "daskrl.store._store"},
-]
 
 
 def _module_name(path: Path) -> str:
@@ -171,7 +164,6 @@ def test_the_walk_sees_the_imports_of_every_kind():
         ("daskrl.store._store", False), ("daskrl.store._store", False),
         ("daskrl.store._url", True), ("daskrl.store._writing", False)]
     assert ("daskrl.store", True) in IMPORTS["daskrl.data._transitions"]
-    assert ("daskrl.store._store", False) in IMPORTS["daskrl.store._handles"]
     assert ("daskrl.data._episodes", False) in IMPORTS["daskrl.data"]
     assert ("daskrl.data._inspect", False) in IMPORTS["daskrl.cli._store"]
     assert len(MODULES) > 100
@@ -220,7 +212,7 @@ def _private_members(module: str, classes: set[str]) -> set[str]:
 
 def test_the_readers_reach_no_private_member_of_the_store_or_its_handles():
     private = (_private_members("daskrl.store._store", {"TrajectoryStore"})
-               | _private_members("daskrl.store._handles", {"BatchHandle"}))
+               | _private_members("daskrl.store._batch_handle", {"BatchHandle"}))
     assert {"_reader", "_index", "_store_object"} <= private
     import daskrl.store
 
@@ -241,4 +233,4 @@ def test_no_module_level_cycle():
     eager = {m: {t for t, now in found if now} for m, found in IMPORTS.items()}
     assert not _cycles(eager)
     every = {m: {t for t, _ in found} for m, found in IMPORTS.items()}
-    assert [c for c in _cycles(every) if c not in KNOWN_CYCLES] == []
+    assert not _cycles(every)
