@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
+from daskrl._option_names import REMOVED_OPTIONS, RENAMED_OPTIONS, check_names, renamed_options
 from daskrl._renamed import Renamed
 from daskrl._settings import (
     DeviceSetting,
@@ -358,48 +358,10 @@ class CollectorOptions(TypedDict, total=False):
     vector_kwargs: Mapping[str, Any] | None
 
 
-REMOVED_OPTIONS: dict[str, str] = {
-    "batches_per_task": "each stream is one long-lived task that collects batch after batch, so "
-                        "there is no per-task cost left to spread over several batches: drop the "
-                        "option (docs/collecting.md, \"Streams\")",
-}
-"""Options of earlier daskrl versions, and why they are gone."""
-
-RENAMED_OPTIONS: dict[str, str] = {"sync": "rounds"}
-"""Deprecated option names, and the option each is an alias of (it says "rounds", not a kind
-of client)."""
-
-
 def check_option_names(options: Mapping[str, Any], owner: str = "Collector") -> None:
-    """Refuse a removed option, or a name that is not an option, with what to do instead
-    (``owner`` names what was given them, for the message)."""
-    import difflib
-
-    names = [f.name for f in dataclasses.fields(CollectorConfig)]
-    for name in options:
-        if name in REMOVED_OPTIONS:
-            raise ConfigError(f"{name} is no longer an option: {REMOVED_OPTIONS[name]}.")
-        if name not in names and name not in RENAMED_OPTIONS:
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{name!r} is not a {owner} option.{hint} The options are "
-                              "CollectorConfig's fields (docs/collecting.md).")
-
-
-def renamed_options(options: Mapping[str, Any], stacklevel: int = 2) -> dict[str, Any]:
-    """``options`` with each deprecated name (:data:`RENAMED_OPTIONS`) replaced by the
-    option's name, with a :class:`DeprecationWarning` (at ``stacklevel``, counted from the
-    caller); :class:`ConfigError` where both names are given."""
-    out = dict(options)
-    for old, new in RENAMED_OPTIONS.items():
-        if old not in out:
-            continue
-        if new in out:
-            raise ConfigError(f"{old}= and {new}= are the same option: give {new}= only.")
-        warnings.warn(f"the option {old}= is deprecated: use {new}= (same meaning).",
-                      DeprecationWarning, stacklevel=stacklevel + 1)
-        out[new] = out.pop(old)
-    return out
+    """Refuse a removed option, or a name that is not an option of :class:`CollectorConfig`,
+    with what to do instead (``owner`` names what was given them, for the message)."""
+    check_names(options, [f.name for f in dataclasses.fields(CollectorConfig)], owner)
 
 
 def _checked_init(init: Callable[..., None]) -> Callable[..., None]:
