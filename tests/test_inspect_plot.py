@@ -34,7 +34,7 @@ def two_runs(tmp_path, inproc_client):
                               envs_per_worker=E, frames_per_batch=E * T,
                               total_frames=4 * E * T) as c:
             list(c)
-            assert c.run == run
+            assert c.run_number == run
     return url
 
 
@@ -147,7 +147,7 @@ def test_a_resumed_run_goes_on_from_the_frames_of_the_run_it_resumes(tmp_path, i
     with daskrl.Collector("daskrl.testing:Counting-v0", TagPolicy(), url, resume=True,
                           **settings) as c:
         list(c)
-        assert c.run == 1
+        assert c.run_number == 1
     store = daskrl.open_store(url)
     curves = run_curves(store)
     before = sum(r["frames"] for b, r in store.records().items() if run_of(b) == 0)
