@@ -23,6 +23,7 @@ from daskrl.worker._policy_output import (
     describe,
     split_policy_output,
 )
+from daskrl.worker._recurrent import check_recurrent, is_recurrent
 from daskrl.worker._spaces import SpaceLayout
 
 __all__ = ["Checked", "check_on_learner", "check_policy_output", "check_probe"]
@@ -78,20 +79,24 @@ def check_policy_output(
     module: torch.nn.Module, env: EnvSpec, obs_space: Any, act_space: Any, n_envs: int
 ) -> None:
     """Run the learner's policy on ``n_envs`` sample observations; check the action fits and
-    the extra outputs can be stored (names, envs first), before any worker runs it."""
+    the extra outputs can be stored (names, envs first), and a recurrent policy's state
+    (:func:`~daskrl.worker._recurrent.check_recurrent`), before any worker runs it."""
     layout = SpaceLayout(obs_space)  # a Dict or Tuple space: a dict or tuple of tensors
     samples = [layout.split(obs_space.sample()) for _ in range(n_envs)]
     device = _policy_device(module)
     obs = layout.join([torch.as_tensor(np.stack([s[j] for s in samples]), device=device)
                        for j in range(len(layout.leaves))])
-    try:
-        with torch.inference_mode():
-            out = module(obs)
-    except Exception as e:
-        raise PolicyError(
-            f"the policy raised on a batch of {n_envs} sample observations of env {env.name} "
-            f"({describe(obs)}): {type(e).__name__}: {e}"
-        ) from e
+    if is_recurrent(module):
+        out = check_recurrent(module, obs, n_envs, device)
+    else:
+        try:
+            with torch.inference_mode():
+                out = module(obs)
+        except Exception as e:
+            raise PolicyError(
+                f"the policy raised on a batch of {n_envs} sample observations of env "
+                f"{env.name} ({describe(obs)}): {type(e).__name__}: {e}"
+            ) from e
     action, extras = split_policy_output(out)
     check_action(action, act_space, n_envs, env.name)
     check_extras(extras, n_envs)

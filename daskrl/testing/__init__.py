@@ -16,6 +16,7 @@ from daskrl.testing._policies import (
     SpacePolicy,
     TagPolicy,
 )
+from daskrl.testing._recurrent import GRUPolicy, StepCountPolicy
 from daskrl.testing._structured_envs import GoalCountingEnv, TupleCountingEnv
 from daskrl.testing._vector_env import CountingVectorEnv
 from daskrl.testing._weights import worker_weights
@@ -28,11 +29,13 @@ __all__ = [
     "EnvVarEnv",
     "EnvVarPolicy",
     "FaultyEnv",
+    "GRUPolicy",
     "GoalCountingEnv",
     "InfoCountingEnv",
     "NoisePolicy",
     "SlowEnv",
     "SpacePolicy",
+    "StepCountPolicy",
     "TagPolicy",
     "TupleCountingEnv",
     "check_episode_continuity",

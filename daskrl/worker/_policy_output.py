@@ -125,7 +125,7 @@ def describe(x: Any) -> str:
 
 
 RESERVED_KEYS = frozenset({"observation", "next_observation", "action", "reward", "terminated",
-                           "truncated", "episode_id", "step", "info"})
+                           "truncated", "episode_id", "step", "info", "policy_state", "is_init"})
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
