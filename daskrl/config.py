@@ -178,6 +178,13 @@ class CollectorConfig:
     each with its mask ``info/_<key>`` (True where the env reported the key at that step); a
     dict entry (``episode``) as ``info/<key>/<sub>``. Numeric entries of one fixed shape only
     (:class:`~daskrl.EnvInfoError` otherwise). See ``docs/env-kinds.md``."""
+    store_policy_state: Literal["first", "every_step"] = dataclasses.field(
+        default="first", metadata={
+            "help": "a recurrent policy's state stored with each batch: 'first', before its "
+                    "first step ([E, ...]); 'every_step', before every step ([T, E, ...])"})
+    """What a batch of a recurrent policy (``docs/recurrent.md``) stores as ``policy_state``:
+    ``"first"``, the state before the batch's first step ``[E, ...]``; ``"every_step"``, the
+    state before every step ``[T, E, ...]`` (for learners that cut sequences anywhere)."""
     vectorization_mode: Literal["sync", "async", "vector_entry_point"] | None = (
         dataclasses.field(default=None, metadata={
             "help": "step a gymnasium id's envs_per_worker envs as one vector env made by "
@@ -253,6 +260,9 @@ class CollectorConfig:
             raise ConfigError(f"{e}.") from None
         object.__setattr__(self, "vector_kwargs", check_mapping("vector_kwargs",
                                                                 self.vector_kwargs))
+        if self.store_policy_state not in ("first", "every_step"):
+            raise ConfigError(f"store_policy_state must be 'first' or 'every_step', got "
+                              f"{self.store_policy_state!r}.")
         modes = ("sync", "async", "vector_entry_point")
         if self.vectorization_mode is not None and self.vectorization_mode not in modes:
             raise ConfigError(f"vectorization_mode must be one of {', '.join(map(repr, modes))} "
@@ -354,6 +364,7 @@ class CollectorOptions(TypedDict, total=False):
     resume: bool | int
     wrappers: tuple[str, ...] | list[str] | str
     info_keys: Sequence[str]
+    store_policy_state: str
     vectorization_mode: str | None
     vector_kwargs: Mapping[str, Any] | None
 

@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 MUST_AGREE = ("env", "observation_space", "action_space", "envs_per_worker", "frames_per_batch",
               "total_frames", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter",
-              "seed", "wrappers", "info_keys", "vectorization_mode", "vector_kwargs")
+              "seed", "wrappers", "info_keys", "vectorization_mode", "vector_kwargs",
+              "store_policy_state")
 """Settings a resumed run must share with the run it resumes: they shape the data (what a
 batch holds, how long it is, how episodes end, what the frame budget is, where the seeds come
 from). The others (``num_workers``, ``rounds`` (``sync`` in older records), ``compression``,

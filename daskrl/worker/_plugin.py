@@ -197,7 +197,8 @@ class CollectorPlugin(WorkerPlugin):
             fresh = previous_batch_id is None and attempt == 0 and not self.resumed
             restart = () if fresh else (batch_id, attempt)
             envset = EnvSet(self.envs[env], self.config.envs_per_worker, self.config.seed,
-                            stream, restart, info_keys=self.config.info_keys)
+                            stream, restart, info_keys=self.config.info_keys,
+                            store_policy_state=self.config.store_policy_state)
             self.envsets[stream] = envset
         return envset
 

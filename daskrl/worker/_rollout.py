@@ -19,12 +19,14 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from daskrl.errors import PolicyError
 from daskrl.store._layout import EPISODE_ID_STRIDE
 from daskrl.worker._batch import finish_batch, new_arrays, timeout_error
 from daskrl.worker._envs import EnvSpec
 from daskrl.worker._episodes import Episodes
 from daskrl.worker._infos import InfoRecorder, InfoSpecs
 from daskrl.worker._policy_output import OutputReader, policy_error
+from daskrl.worker._recurrent import IS_INIT_KEY, PolicyState, is_recurrent
 from daskrl.worker._single_envs import SingleEnvs
 from daskrl.worker._vector import VectorEnvs
 from daskrl.worker._vector_staggered import StaggeredLoop
@@ -37,10 +39,12 @@ class EnvSet:
     sub-envs), with their episode bookkeeping."""
 
     def __init__(self, spec: EnvSpec, n_envs: int, seed: int, stream: int,
-                 restart: tuple[int, ...] = (), info_keys: tuple[str, ...] = ()) -> None:
+                 restart: tuple[int, ...] = (), info_keys: tuple[str, ...] = (),
+                 store_policy_state: str = "first") -> None:
         self.spec = spec
         self.n_envs = n_envs
         self.info_keys = info_keys
+        self.store_policy_state = store_policy_state
         self.info_specs: InfoSpecs = {}
         """Shapes and dtypes of the info entries, as first reported (kept across batches)."""
         # A stream's envs seed from (seed, stream); envs rebuilt mid-stream (``restart``: the
@@ -58,6 +62,10 @@ class EnvSet:
         self._staggered = (StaggeredLoop(self.envs, self.episodes)
                            if isinstance(self.envs, VectorEnvs) and self.envs.staggered else None)
         self._needs_reset = True
+        self.policy_state: PolicyState | None = None
+        """A recurrent policy's state (None for a stateless policy: decided at the first
+        batch, once for the env set)."""
+        self._recurrent: bool | None = None
         self.last_batch_id: int | None = None
         """The batch this env set collected last (its envs continue from there)."""
 
@@ -94,13 +102,23 @@ class EnvSet:
         ``steps`` real transitions); return ``(arrays [T, E, ...], stats)``.
 
         After an error the envs start new episodes at the next batch."""
+        if self._recurrent is None:
+            self._recurrent = is_recurrent(policy)
+            if self._recurrent:
+                self.policy_state = PolicyState(self.n_envs,
+                                                self.store_policy_state == "every_step")
+        rec = self.policy_state
         try:
             if reset or self._needs_reset:
                 self.envs.reset_all(batch_id)
                 self.episodes.restart(batch_id)
                 if self._staggered is not None:
                     self._staggered.restart()
+                if rec is not None:
+                    rec.clear()
                 self._needs_reset = False
+            if rec is not None:
+                rec.begin(policy, device, steps, record=self._staggered is None)
             if isinstance(self.envs, VectorEnvs):
                 self.envs.batch_timeout = batch_timeout
             deadline = None if batch_timeout is None else time.monotonic() + batch_timeout
@@ -108,12 +126,17 @@ class EnvSet:
                                     batch_id=batch_id, specs=self.info_specs)
             t0 = time.perf_counter()
             extras: dict[str, np.ndarray] = {}
+            act = policy if rec is None else rec.bind(policy)
             if self._staggered is not None:
-                out = self._staggered.run(policy, device, steps, batch_id, random_steps,
-                                          deadline, recorder)
+                out = self._staggered.run(act, device, steps, batch_id, random_steps,
+                                          deadline, recorder, rec)
             else:
-                out = self._aligned(policy, device, steps, batch_id, random_steps, deadline,
-                                    batch_timeout, recorder, extras)
+                out = self._aligned(act, device, steps, batch_id, random_steps, deadline,
+                                    batch_timeout, recorder, extras, rec)
+            if rec is not None:
+                if self._staggered is None:
+                    out.update(rec.arrays())
+                out[IS_INIT_KEY] = out["step"] == 0
             elapsed = time.perf_counter() - t0
             stats = finish_batch(out, extras, self.episodes, recorder, self.envs.obs_layout,
                                  self.spec.name, self.spec.endless_episode_steps, batch_id,
@@ -124,15 +147,18 @@ class EnvSet:
         self.last_batch_id = batch_id
         return out, stats
 
-    def _aligned(self, policy: torch.nn.Module, device: torch.device, steps: int,
+    def _aligned(self, policy: Any, device: torch.device, steps: int,
                  batch_id: int, random_steps: int, deadline: float | None,
                  batch_timeout: float | None, recorder: InfoRecorder,
-                 extras: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                 extras: dict[str, np.ndarray], rec: PolicyState | None
+                 ) -> dict[str, np.ndarray]:
         """Every step a real one for every env: row ``t`` of the batch is step ``t``. The
         loop does per step only what the step needs (the envs' outputs, checked; the
         policy's; the resets); ``episode_id`` and ``step`` are derived at the end from where
         episodes started, and on CPU the policy reads tensors made once over the envs'
-        current observations. The policy's extra outputs go to ``extras``."""
+        current observations. The policy's extra outputs go to ``extras``. ``policy``: a
+        stateless one (a recurrent policy bound to its state ``rec``, whose rows are reset
+        where episodes end)."""
         envs, episodes, E = self.envs, self.episodes, self.n_envs
         obs, obs_layout, act_layout = envs.obs, envs.obs_layout, envs.act_layout
         out = new_arrays(obs, obs_layout, steps)
@@ -158,6 +184,8 @@ class EnvSet:
             try:
                 with no_grad:
                     policy_out = policy(obs_t)
+            except PolicyError:
+                raise
             except Exception as e:
                 raise policy_error(e, self.spec.name, t, batch_id, obs_t) from e
             if t == 0:
@@ -188,6 +216,8 @@ class EnvSet:
                 if not keep_infos:
                     record_ends(done, info, t)
                 episodes.end(t, done)
+                if rec is not None:
+                    rec.reset(done)
                 envs.reset_ended(done, t, batch_id)
             if deadline is not None and time.monotonic() > deadline:
                 raise timeout_error(batch_id, batch_timeout, t, self.spec.name, steps)

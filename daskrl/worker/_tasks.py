@@ -182,6 +182,8 @@ def _collect_and_write(plugin: CollectorPlugin, worker: Worker,
         logger.debug("batch %d cancelled before its write; not committed", task.batch_id)
         return None, False
     meta = {**handle.record(), "stream": task.stream}
+    if envset.policy_state is not None:  # a recurrent policy's: what policy_state holds
+        meta["policy_state"] = cfg.store_policy_state
     store = plugin.get_store()
     path, committed = store.write_batch(task.batch_id, arrays, meta, cfg.compression)
     if not committed:  # another attempt of this batch won: hand back the committed one

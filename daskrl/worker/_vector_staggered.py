@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from daskrl.errors import EnvError
+from daskrl.errors import EnvError, PolicyError
 from daskrl.store._layout import UNUSED_EPISODE_IDS, episode_id_base
 from daskrl.worker._episodes import Episodes
 from daskrl.worker._infos import InfoRecorder
-from daskrl.worker._policy_output import OutputReader, policy_error
+from daskrl.worker._policy_output import OutputReader, policy_error, to_numpy
+from daskrl.worker._recurrent import PolicyState, state_names
 from daskrl.worker._vector import VectorEnvs
 
 __all__ = ["Grid", "StaggeredLoop"]
@@ -83,7 +84,7 @@ class StaggeredLoop:
         self._carry, self._carry_n[:] = None, 0
         self._info_carry = []
 
-    def _act(self, policy: torch.nn.Module, device: torch.device, t: int, batch_id: int
+    def _act(self, policy: Any, device: torch.device, t: int, batch_id: int
              ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
         """The policy's actions (one array ``[E, ...]`` per leaf of the action space) and
         extra outputs."""
@@ -95,6 +96,8 @@ class StaggeredLoop:
         try:
             with torch.inference_mode():
                 out = policy(obs_t)
+        except PolicyError:
+            raise
         except Exception as e:
             raise policy_error(e, envs.spec.name, t, batch_id, obs_t) from e
         if t == 0 or self._read is None:
@@ -122,16 +125,20 @@ class StaggeredLoop:
             if k not in grid.arrays:
                 grid.add(k, v.shape[1:], v.dtype)
 
-    def run(self, policy: torch.nn.Module, device: torch.device, steps: int, batch_id: int,
-            random_steps: int, deadline: float | None, recorder: InfoRecorder
-            ) -> dict[str, np.ndarray]:
+    def run(self, policy: Any, device: torch.device, steps: int, batch_id: int,
+            random_steps: int, deadline: float | None, recorder: InfoRecorder,
+            rec: PolicyState | None = None) -> dict[str, np.ndarray]:
         """A batch's arrays ``[steps, E, ...]``: each column has its own cursor, the env's
         reset steps are skipped, and what a column makes past ``steps`` is kept for the
         stream's next batch.
 
         Each vector step is recorded as one row (as in the aligned loop), with the columns'
         cursors and which of them made a real step; the rows are put in their columns' places
-        at the end, one scatter per array."""
+        at the end, one scatter per array. ``policy``: a stateless one (a recurrent policy
+        bound to its state ``rec``): the state before each step is recorded with its row
+        (a column's first row of a batch may have been made in the batch before), and the
+        rows of the columns whose next episode begins are reset; the batch's
+        ``policy_state`` is its first row, or every row in ``every_step`` mode."""
         E = self.n_envs
         grid = self._new_grid(steps)
         grid.add(_RET, (), np.float64, 0.0)
@@ -145,6 +152,11 @@ class StaggeredLoop:
         spilled_ends: list[tuple[int, int, float, int]] = []
         infos: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]] = []
         """Each vector step's info, with its columns' rows, real columns and ended ones."""
+        state_keys = state_names(rec.spec) if rec is not None else []
+        for key, leaf in zip(state_keys, rec.leaves() if rec is not None else []):
+            for g in (grid, raw):
+                if key not in g.arrays:
+                    g.add(key, tuple(leaf.shape[1:]), to_numpy(leaf[:1]).dtype)
         t = 0
         while cursor.min() < steps:
             raw.ensure(t + 1)
@@ -152,6 +164,9 @@ class StaggeredLoop:
                 raw[name][t] = cur
             raw["episode_id"][t] = episodes.id
             raw["step"][t] = episodes.step
+            if rec is not None:
+                for key, leaf in zip(state_keys, rec.leaves()):
+                    raw[key][t] = to_numpy(leaf)
             action, extras = self._act(policy, device, t, batch_id)
             if t == 0:
                 self._add_policy_arrays(grid, action, extras)
@@ -172,6 +187,8 @@ class StaggeredLoop:
             if resetting:
                 self._begin_episodes(self._awaiting, cursor, steps, batch_id, reward,
                                      terminated | truncated, t)
+                if rec is not None:
+                    rec.reset(np.flatnonzero(self._awaiting))
             for name, v in zip(self.next_names, nobs):
                 raw[name][t] = v
             raw["reward"][t] = reward
@@ -215,7 +232,11 @@ class StaggeredLoop:
             grid[_LEN][row, i] = n
         self._keep_carry(grid, steps, cursor)
         self._record_infos(recorder, self._info_carry + infos, steps)
-        return {k: v[:steps] for k, v in grid.arrays.items() if k not in (_RET, _LEN)}
+        out = {k: v[:steps] for k, v in grid.arrays.items() if k not in (_RET, _LEN)}
+        if rec is not None and not rec.every_step:
+            for key in state_keys:
+                out[key] = out[key][0].copy()
+        return out
 
     def _record_infos(self, recorder: InfoRecorder,
                       infos: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]],

@@ -55,14 +55,22 @@ _EMPTY_GROUP = group_document({})
 """``zarr.json`` of a group of a structure's arrays (``observation/`` of a Dict space)."""
 
 
-def dimension_names(name: str, ndim: int) -> list[str]:
+def dimension_names(name: str, ndim: int, env_first: bool = False) -> list[str]:
     """The dimension names of array ``name`` with ``ndim`` dimensions (format 2.1): ``time``
     and ``env``, shared by every array, then ``<name>_0``, ``<name>_1``, ... of its own, so
     that arrays of different trailing sizes never share a dimension (xarray needs one size per
     name).  An array of a structure (2.2: ``observation/desired_goal``) has ``.`` for ``/`` in
-    them: ``observation.desired_goal_0``."""
+    them: ``observation.desired_goal_0``.  An array ``[E, ...]`` (``env_first``: a recurrent
+    policy's ``policy_state`` before a batch's first step) has no ``time``."""
     own = name.replace("/", ".")
-    return ["time", "env", *[f"{own}_{i}" for i in range(ndim - 2)]][:ndim]
+    lead = ["env"] if env_first else ["time", "env"]
+    return [*lead, *[f"{own}_{i}" for i in range(ndim - len(lead))]][:ndim]
+
+
+def _env_first(name: str, attributes: Mapping[str, Any]) -> bool:
+    """Whether array ``name`` of a batch with group ``attributes`` is ``[E, ...]``: the
+    ``policy_state`` of a batch whose ``policy_state`` attribute is ``"first"``."""
+    return attributes.get("policy_state") == "first" and name.split("/")[0] == "policy_state"
 
 
 def chunk_rows(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> int:
@@ -131,7 +139,7 @@ def _encode_chunk(chunk: np.ndarray, codec: str, pad_rows: int = 0) -> list[Any]
 
 @functools.lru_cache(maxsize=256)
 def _array_document(name: str, shape: tuple[int, ...], dtype: np.dtype, rows: int,
-                    codec: str) -> bytes:
+                    codec: str, env_first: bool = False) -> bytes:
     chunk_shape = [rows, *shape[1:]]
     fill: Any = False if dtype.kind == "b" else (0.0 if dtype.kind in "fc" else 0)
     if dtype.kind == "c":
@@ -144,7 +152,7 @@ def _array_document(name: str, shape: tuple[int, ...], dtype: np.dtype, rows: in
         "fill_value": fill,
         "codecs": _codecs(dtype, codec),
         "attributes": {},
-        "dimension_names": dimension_names(name, len(shape)),
+        "dimension_names": dimension_names(name, len(shape), env_first),
         "zarr_format": 3,
         "node_type": "array",
         "storage_transformers": [],
@@ -153,8 +161,8 @@ def _array_document(name: str, shape: tuple[int, ...], dtype: np.dtype, rows: in
 
 
 def _array_members(path: str, arr: np.ndarray, compression: Compression, chunk_bytes: int,
-                   choices: CodecChoices | None = None, stream: Hashable = None
-                   ) -> list[tuple[str, list[Any]]]:
+                   choices: CodecChoices | None = None, stream: Hashable = None,
+                   env_first: bool = False) -> list[tuple[str, list[Any]]]:
     """``(member name, buffers)`` of the zarr v3 array ``path``: its ``zarr.json``, then its
     chunks; a member's content is its buffers joined.
 
@@ -177,9 +185,10 @@ def _array_members(path: str, arr: np.ndarray, compression: Compression, chunk_b
             raw = -(-arr.shape[0] // rows) * rows * arr[:1].nbytes if arr.shape[0] else 0
             if choices.judge(key, raw, stored):
                 return [(f"{path}/zarr.json",
-                         [_array_document(path, arr.shape, arr.dtype, rows, codec)]), *chunks]
+                         [_array_document(path, arr.shape, arr.dtype, rows, codec,
+                                          env_first)]), *chunks]
             codec = _RAW
-    doc = _array_document(path, arr.shape, arr.dtype, rows, codec)
+    doc = _array_document(path, arr.shape, arr.dtype, rows, codec, env_first)
     return [(f"{path}/zarr.json", [doc]), *_chunks(path, arr, codec, rows)]
 
 
@@ -263,7 +272,7 @@ def encode_batch(attributes: dict[str, Any], arrays: Mapping[str, np.ndarray],
         for depth in range(1, len(parts_of)):
             groups["/".join(parts_of[:depth])] = None
         for key, parts in _array_members(name, arr, Compression(compression), chunk_bytes,
-                                         choices, stream):
+                                         choices, stream, _env_first(name, attributes)):
             (docs if key.endswith("zarr.json") else chunks).append((key, parts))
     group_docs = [(f"{g}/zarr.json", [_EMPTY_GROUP]) for g in groups]
     return EncodedBatch([*chunks, *docs, *group_docs,
