@@ -28,6 +28,10 @@ from daskrl.worker._vector import VectorEnvs
 
 __all__ = ["Grid", "StaggeredLoop"]
 
+_Snap = tuple[np.ndarray, np.ndarray, list[torch.Tensor]]
+"""A recurrent policy's state before some columns' steps: their rows, the columns, and the
+state's rows of those columns (one tensor per leaf)."""
+
 _RET, _LEN = "__return", "__length"
 """Rows of a column's spill that end an episode: its return and length, reported with the
 batch the row is stored in."""
@@ -77,12 +81,15 @@ class StaggeredLoop:
         """The infos of the carried rows, ``(rows, info, envs, done)`` per step."""
         self._read: OutputReader | None = None
         """Reads the policy's outputs; made from each batch's first."""
+        self._state_carry: list[_Snap] = []
+        """A recurrent policy's state before the carried rows that open a later batch."""
 
     def restart(self) -> None:
         """Every sub-env was reset: nothing awaits a reset step, nothing is carried."""
         self._awaiting[:] = False
         self._carry, self._carry_n[:] = None, 0
         self._info_carry = []
+        self._state_carry = []
 
     def _act(self, policy: Any, device: torch.device, t: int, batch_id: int
              ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
@@ -135,10 +142,11 @@ class StaggeredLoop:
         Each vector step is recorded as one row (as in the aligned loop), with the columns'
         cursors and which of them made a real step; the rows are put in their columns' places
         at the end, one scatter per array. ``policy``: a stateless one (a recurrent policy
-        bound to its state ``rec``): the state before each step is recorded with its row
-        (a column's first row of a batch may have been made in the batch before), and the
-        rows of the columns whose next episode begins are reset; the batch's
-        ``policy_state`` is its first row, or every row in ``every_step`` mode."""
+        bound to its state ``rec``, whose rows are reset for the columns whose next episode
+        begins). A column's first row may have been made in the batch before, so the state
+        before the steps of a batch's first rows (rows ``0``, ``steps``, ...) is kept with
+        its rows as they are; in ``every_step`` mode the state before every step is recorded
+        with its row."""
         E = self.n_envs
         grid = self._new_grid(steps)
         grid.add(_RET, (), np.float64, 0.0)
@@ -152,8 +160,11 @@ class StaggeredLoop:
         spilled_ends: list[tuple[int, int, float, int]] = []
         infos: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]] = []
         """Each vector step's info, with its columns' rows, real columns and ended ones."""
+        every = rec is not None and rec.every_step
         state_keys = state_names(rec.spec) if rec is not None else []
-        for key, leaf in zip(state_keys, rec.leaves() if rec is not None else []):
+        snaps = self._state_carry if rec is not None and not every else None
+        self._state_carry = []
+        for key, leaf in zip(state_keys, rec.leaves() if rec is not None and every else []):
             for g in (grid, raw):
                 if key not in g.arrays:
                     g.add(key, tuple(leaf.shape[1:]), to_numpy(leaf[:1]).dtype)
@@ -164,9 +175,15 @@ class StaggeredLoop:
                 raw[name][t] = cur
             raw["episode_id"][t] = episodes.id
             raw["step"][t] = episodes.step
-            if rec is not None:
+            if rec is None:
+                pass
+            elif every:
                 for key, leaf in zip(state_keys, rec.leaves()):
                     raw[key][t] = to_numpy(leaf)
+            elif snaps is not None:
+                at = np.flatnonzero(~self._awaiting & (cursor % steps == 0))
+                if at.size:
+                    snaps.append((cursor[at], at, [leaf[at] for leaf in rec.leaves()]))
             action, extras = self._act(policy, device, t, batch_id)
             if t == 0:
                 self._add_policy_arrays(grid, action, extras)
@@ -233,10 +250,28 @@ class StaggeredLoop:
         self._keep_carry(grid, steps, cursor)
         self._record_infos(recorder, self._info_carry + infos, steps)
         out = {k: v[:steps] for k, v in grid.arrays.items() if k not in (_RET, _LEN)}
-        if rec is not None and not rec.every_step:
-            for key in state_keys:
-                out[key] = out[key][0].copy()
+        if snaps is not None:
+            out.update(self._first_state(snaps, state_keys, steps))
         return out
+
+    def _first_state(self, snaps: list[_Snap], keys: list[str], steps: int
+                     ) -> dict[str, np.ndarray]:
+        """The state before each column's row 0 (``[E, ...]`` per key); the snapshots of rows
+        past ``steps`` are kept, with rows counted from the next batch's start."""
+        first: dict[str, np.ndarray] = {}
+        for rows, cols, leaves in snaps:
+            here = np.flatnonzero(rows == 0)
+            for key, leaf in zip(keys, leaves):
+                if here.size:
+                    part = to_numpy(leaf[here])
+                    if key not in first:
+                        first[key] = np.zeros((self.n_envs, *part.shape[1:]), part.dtype)
+                    first[key][cols[here]] = part
+            later = np.flatnonzero(rows >= steps)
+            if later.size:
+                self._state_carry.append((rows[later] - steps, cols[later],
+                                          [leaf[later] for leaf in leaves]))
+        return first
 
     def _record_infos(self, recorder: InfoRecorder,
                       infos: list[tuple[np.ndarray, Any, np.ndarray, np.ndarray]],

@@ -131,3 +131,13 @@ def test_policy_state_reset_rows():
         act(torch.zeros(3, 2))
     state.reset([1])
     assert state.state[:, 0].tolist() == [2, 0, 2]
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_dict_observations(mode):
+    spec = EnvSpec(functools.partial(CountingVectorEnv, 3, 2, mode, dict_obs=True), num_envs=3)
+    envset = EnvSet(spec, 3, seed=0, stream=0)
+    for b in range(3):
+        arrays, _ = envset.collect(StepCountPolicy(), CPU, steps=5, batch_id=b)
+        assert "observation/count" in arrays
+        check_counts(arrays)
