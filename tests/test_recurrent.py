@@ -155,3 +155,20 @@ def test_a_broken_contract_fails_before_any_worker_runs_a_batch(inproc_client, t
     plugins = inproc_client.run(lambda dask_worker: [
         type(p).__name__ for p in dask_worker.plugins.values()])
     assert len(plugins) == 2 and not any("CollectorPlugin" in p for p in plugins.values())
+
+
+def test_a_restarted_stream_starts_from_the_initial_state(inproc_client, tmp_path):
+    from daskrl.testing import FaultyEnv
+
+    env = functools.partial(FaultyEnv, "raise", at=30, once=True, length=5,
+                            token=str(tmp_path))
+    _, handles = _collect(inproc_client, tmp_path, env, updates=False, num_workers=1,
+                          on_env_error="restart")
+    restarted = [h for h in handles if h.env_restarts]
+    assert [h.batch_id for h in restarted] == [handles[1].batch_id]
+    for h in handles:
+        b = _numpy(h.load())
+        check_counts(b, b["policy_state"])
+    b = _numpy(restarted[0].load())
+    assert b["is_init"][0].all() and not b["policy_state"].any()
+    assert _numpy(handles[2].load())["policy_state"].any()  # carried again after it
