@@ -59,6 +59,27 @@ def test_ppo_cartpole_smoke(scheduler, tmp_path):
     assert (tmp_path / "run" / "curve.png").stat().st_size > 1000
 
 
+@pytest.mark.parametrize("recurrent", [True, False], ids=["gru", "mlp"])
+def test_ppo_recurrent_smoke(scheduler, tmp_path, recurrent):
+    flag = "--recurrent" if recurrent else "--no-recurrent"
+    out = _run("ppo_recurrent.py", flag, "--total-frames", "4096", "--run-dir",
+               str(tmp_path / "run"), "--scheduler", scheduler, "--update-epochs", "2",
+               cwd=tmp_path)
+    assert re.search(r"^frames: 4096  time: [\d.]+s  SPS: \d+  episodes: \d+$", out, re.M), out
+    rows = _metrics(tmp_path / "run" / "metrics.jsonl")
+    updates = [r for r in rows if "losses/policy_loss" in r]
+    assert len(updates) == 4  # 4096 frames = 4 rounds of 2 workers x 16 envs x 32 steps
+    if recurrent:
+        # every round replayed on the learner from the stored policy_state and is_init gives
+        # the log-probabilities the workers sampled with
+        assert all(r["replay/max_log_prob_error"] < 1e-5 for r in updates), updates
+    else:
+        assert not any("replay/max_log_prob_error" in r for r in updates)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["policy"] == ("gru" if recurrent else "mlp")
+    assert result["frames"] == 4096
+
+
 def test_dqn_cartpole_smoke(scheduler, tmp_path):
     out = _run("dqn_cartpole.py", "--total-frames", "2048", "--learning-starts", "512",
                "--run-dir", str(tmp_path / "run"), "--scheduler", scheduler, "--no-plot",
