@@ -14,7 +14,7 @@ observations: the baseline without memory.
 
 Run::
 
-    python examples/ppo_recurrent.py                    # 400k frames on 2 local workers
+    python examples/ppo_recurrent.py                    # 300k frames on 2 local workers
     python examples/ppo_recurrent.py --no-recurrent     # the MLP, same observations
     python examples/ppo_recurrent.py --help
 
@@ -55,7 +55,7 @@ VISIBLE = (0, 2)
 class Args:
     recurrent: bool = True
     """the GRU actor-critic (--no-recurrent: ppo_cartpole.py's MLP on the same observations)"""
-    total_frames: int = 400_000
+    total_frames: int = 300_000
     """frames (env steps) to collect in all"""
     num_workers: int = 2
     """Dask workers collecting in parallel (one batch each per round)"""
@@ -156,10 +156,11 @@ class GRUAgent(nn.Module):
         return {"action": action, "log_prob": dist.log_prob(action)}, state
 
 
-def unroll(agent: GRUAgent, batch: dict[str, torch.Tensor],
-           cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def unroll(agent: GRUAgent, batch: dict[str, torch.Tensor], cols: torch.Tensor,
+           successors: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Replay env columns ``cols`` of a batch from its stored ``policy_state``: the logits and
-    values of every step ``[T, n]``, and the values of every step's ``next_observation``.
+    values of every step ``[T, n]``, and with ``successors`` the values of every step's
+    ``next_observation`` (else None).
 
     The state is reset to the initial one where ``is_init`` says an episode starts, as the
     workers did, so the logits equal the ones the workers sampled from (before an update).
@@ -174,10 +175,11 @@ def unroll(agent: GRUAgent, batch: dict[str, torch.Tensor],
         state = agent.step(obs[t], state)
         logits.append(agent.actor(state))
         values.append(agent.critic(state).squeeze(-1))
-        # the successor's value: one more step of the state on next_observation (the final
-        # observation where the episode ended), which equals the next row's unless it did
-        next_values.append(agent.critic(agent.step(nxt[t], state)).squeeze(-1))
-    return torch.stack(logits), torch.stack(values), torch.stack(next_values)
+        if successors:  # one more step of the state on next_observation (the final
+            # observation where the episode ended), which equals the next row's unless it did
+            next_values.append(agent.critic(agent.step(nxt[t], state)).squeeze(-1))
+    return (torch.stack(logits), torch.stack(values),
+            torch.stack(next_values) if successors else None)
 
 
 def gae(batch: dict[str, torch.Tensor], value: torch.Tensor, next_value: torch.Tensor,
@@ -203,7 +205,8 @@ def recurrent_ppo_update(agent: GRUAgent, optimizer: torch.optim.Optimizer,
     stats: dict[str, list[float]] = collections.defaultdict(list)
     with torch.no_grad():
         for b in batches:
-            logits, value, next_value = unroll(agent, b, every)
+            logits, value, next_value = unroll(agent, b, every, successors=True)
+            assert next_value is not None
             b["advantage"], b["return"] = gae(b, value, next_value, args.gamma, args.gae_lambda)
             # the weights the workers sampled with, replayed from the stored state: the same
             # log-probabilities, or the stored state and resets do not say what they ran
