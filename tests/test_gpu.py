@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import daskrl
-from daskrl.testing import TagPolicy, worker_weights
+from daskrl.testing import GRUPolicy, StepCountPolicy, TagPolicy, worker_weights
 from daskrl.weights import load_weights, policy_spec, snapshot, weights_layout
 from daskrl.weights._segments import SegmentPool
 from daskrl.weights._shared_reader import SharedWeightsReader
@@ -51,3 +52,30 @@ def test_collect_on_cuda_workers(client, tmp_path):
         assert all(w["tag"] == policy.tag.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
                    for w in loaded.values())
         assert handles[0].load(device="cuda")["observation"].is_cuda
+
+
+def test_recurrent_state_stays_on_cuda_and_is_stored_on_the_cpu(client, tmp_path):
+    # the count policy: its state on the worker's GPU, and the stored arrays exact
+    with daskrl.Collector("daskrl.testing:Counting-v0", StepCountPolicy().cuda(),
+                          str(tmp_path / "count"), client=client, device="cuda",
+                          envs_per_worker=2, frames_per_batch=14, total_frames=56,
+                          rounds=True) as collector:
+        for handle in collector:
+            assert handle.device.startswith("cuda")
+            b = {k: v.numpy() for k, v in handle.load().items()}  # stored as CPU arrays
+            assert np.array_equal(b["count"], b["step"] + 1)
+            assert np.array_equal(b["policy_state"][:, 0], b["step"][0])
+            assert np.array_equal(b["is_init"], b["step"] == 0)
+    # a GRU on the GPU, replayed on the same GPU from the stored state
+    policy = GRUPolicy(4, 2).cuda()
+    with daskrl.Collector("CartPole-v1", policy, str(tmp_path / "gru"), client=client,
+                          device="cuda", envs_per_worker=4, frames_per_batch=64,
+                          total_frames=256, rounds=True) as collector:
+        for handle in collector:
+            b = handle.load(device="cuda")
+            state = b["policy_state"].clone()
+            with torch.no_grad():
+                for t in range(b["step"].shape[0]):
+                    state[b["is_init"][t]] = 0.0
+                    out, state = policy(b["observation"][t], state)
+                    assert torch.allclose(out["logits"], b["logits"][t], atol=1e-5)

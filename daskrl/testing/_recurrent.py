@@ -28,10 +28,11 @@ class StepCountPolicy(nn.Module):
         self.tag = nn.Parameter(torch.zeros(()))
 
     def initial_state(self, num_envs: int) -> Any:
+        device = self.tag.device  # the worker's: the state lives beside the weights
         if self.mapping:
-            return {"steps": torch.zeros(num_envs, dtype=torch.int64),
-                    "half": torch.zeros(num_envs, 2)}
-        return torch.zeros(num_envs, 1, dtype=torch.int64)
+            return {"steps": torch.zeros(num_envs, dtype=torch.int64, device=device),
+                    "half": torch.zeros(num_envs, 2, device=device)}
+        return torch.zeros(num_envs, 1, dtype=torch.int64, device=device)
 
     def forward(self, obs: Any, state: Any) -> tuple[dict[str, torch.Tensor], Any]:
         first = _first_tensor(obs)
