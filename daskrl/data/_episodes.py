@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from daskrl._nested import nest
-from daskrl.errors import ArrayNotFoundError, BatchNotFoundError, StoreFormatError
+from daskrl.data._state import is_state, per_batch
+from daskrl.errors import ArrayNotFoundError, BatchNotFoundError, ConfigError, StoreFormatError
 from daskrl.store import run_of
 
 if TYPE_CHECKING:
@@ -81,6 +82,12 @@ def iter_episodes(
     ``(batch_id, t)``.  Episodes are yielded as they end, reading batches in id order and
     holding only the open episodes' rows in memory.
 
+    A recurrent policy's ``is_init`` and a ``policy_state`` stored before every step come as
+    any array, ``[L, ...]``.  A ``policy_state`` stored once per batch (``[E, ...]``) is left
+    out: the state an episode starts from is the policy's initial state (``is_init`` marks
+    its first row), and the state before a later row is not stored; naming it in ``keys``
+    raises :class:`~daskrl.ConfigError` for such a batch.
+
     Parameters
     ----------
     keys
@@ -103,8 +110,9 @@ def iter_episodes(
     need = None if keys is None else list(dict.fromkeys([*keys, *_NEEDED]))
     drop_step = keys is not None and "step" not in keys
     runs = store.runs()
-    ids = (store.batch_ids() if env is None
-           else [h.batch_id for h in store.handles(env=env)])
+    records = store.records()
+    ids = list(records) if env is None else [h.batch_id for h in store.handles(env=env)]
+    asked_state = keys is not None and any(is_state(k) for k in keys)
     open_eps: dict[int, list[tuple[int, dict[str, torch.Tensor]]]] = {}
     last_seen: dict[int, int] = {}
     dev = torch.device(device) if device is not None else None
@@ -145,6 +153,15 @@ def iter_episodes(
             _check_episode_arrays(store, bid, store.array_names(store.handle(bid).path))
             raise  # an array of keys=
         _check_episode_arrays(store, bid, batch)
+        if bid in records and per_batch(records[bid]):
+            if asked_state:
+                raise ConfigError(
+                    f"episodes() cannot give keys={list(keys or ())}: batch {bid} of store "
+                    f"{store.url!r} stores policy_state once, before its first step, not per "
+                    "step. An episode starts from the policy's initial state (is_init marks "
+                    "its first row); collect with store_policy_state='every_step' for the "
+                    "state before every step, or read it with store.load().")
+            batch = {k: v for k, v in batch.items() if not is_state(k)}
         eid = batch["episode_id"].numpy()
         done = (batch["terminated"] | batch["truncated"]).numpy()
         T, E = eid.shape[:2]

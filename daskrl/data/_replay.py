@@ -4,7 +4,10 @@ them: each ``DataLoader`` worker keeps a pool of decoded batches, draws each sam
 them, and replaces one batch of the pool every ``samples_per_batch`` samples.
 
 Like :class:`~daskrl.data.TransitionDataset`, it takes a store URL or an open store, pickles as
-URL + ``storage_options`` and opens the store lazily in each ``DataLoader`` worker process.
+URL + ``storage_options`` and opens the store lazily in each ``DataLoader`` worker process, and
+gives a recurrent policy's batches as it does: ``policy_state`` the state before a sample's
+first step, and a batch that stores it once sampled at ``t = 0`` only when ``keys`` names it
+(left out otherwise).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from daskrl._nested import nest
 from daskrl.data._batch_cache import BatchCache
-from daskrl.data._source import StoreSource, check_count, split
+from daskrl.data._source import StoreSource, check_count, first_rows, split
+from daskrl.data._state import per_batch
 from daskrl.errors import BatchNotFoundError, StoreError, StoreRecordWarning
 from daskrl.store import EnvFilter, TrajectoryStore, env_matcher
 
@@ -42,9 +46,10 @@ class ReplayDataset(IterableDataset):
     store
         A store URL or path, or an open :class:`~daskrl.TrajectoryStore`.
     keys
-        Arrays to return (default: all).
+        Arrays to return (default: all, but a ``policy_state`` stored once per batch).
     sequence_length
-        None: one transition per sample; ``L``: windows of ``L`` steps of one env.
+        None: one transition per sample; ``L``: windows of ``L`` steps of one env
+        (``policy_state``: the state before a window's first step, ``[...]``).
     samples_per_batch
         Samples drawn per batch read (one batch of the pool is replaced after each
         ``samples_per_batch`` samples).
@@ -179,6 +184,8 @@ class _Pool:
             if b not in self.shapes:
                 T, E = (int(n) for n in recs[b]["shape"])
                 self.shapes[b] = (T, E)
+                if per_batch(recs[b]):
+                    self.ds._src.once.add(b)
         return ids
 
     def refresh(self, rotate: int) -> None:
@@ -235,7 +242,9 @@ class _Pool:
         assert self.cache is not None
         T, E = (np.array(v, np.int64) for v in zip(*(self.shapes[b] for b in self.bids)))
         which = self.rng.integers(len(self.bids), size=n)
-        t = self.rng.integers(0, T[which] - self.length + 1)
+        anywhere = np.array([self.ds._src.starts_anywhere(b) for b in self.bids])
+        t = self.rng.integers(0, T[which] - self.length + 1) * anywhere[which]
         e = self.rng.integers(0, E[which])
-        return self.cache.gather(np.array(self.bids, np.int64)[which], t, e,
-                                 self.ds._src.sequence_length)
+        length = self.ds._src.sequence_length
+        return first_rows(self.cache.gather(np.array(self.bids, np.int64)[which], t, e, length),
+                          length)

@@ -11,6 +11,14 @@ and opens the store lazily in each ``DataLoader`` worker process, so ``num_worke
 in parallel.  Samples are ``{key: tensor}``: one step ``[...]``, or ``[L, ...]`` with
 ``sequence_length=L`` (windows lie inside one batch and may cross episode boundaries: mask
 with ``terminated | truncated``).
+
+Batches of a recurrent policy: ``is_init`` comes as any array (``[L]``: where to reset the
+state inside a window), and ``policy_state`` as the state before the sample's first step,
+``[...]`` (no ``L`` axis), so a learner replays each window from it.  Stored before every
+step, it is there for every sample.  Stored once per batch (the default,
+``store_policy_state="first"``), it is the state before ``t = 0`` only: such a batch's state
+is left out unless ``keys`` names it, and then its samples start at ``t = 0`` only (one per
+env and batch).
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from torch.utils.data import Dataset
 
 from daskrl._nested import nest
 from daskrl.data._batch_cache import BatchCache
-from daskrl.data._source import StoreSource, check_count, split
+from daskrl.data._source import StoreSource, check_count, first_rows, split
+from daskrl.data._state import is_state, per_batch
 from daskrl.errors import BatchNotFoundError, DatasetIndexError
 from daskrl.store import EnvFilter, TrajectoryStore, env_matcher
 
@@ -36,7 +45,8 @@ class TransitionDataset(Dataset):
     """Map-style dataset of the transitions (or windows) of a store's committed batches.
 
     Items are ordered by batch id, then time, then env: item ``i`` of a batch ``[T, E]`` is
-    ``(t, e) = divmod(i, E)``.  ``dataset[i]`` reads one item; ``dataset[[i, j, ...]]``,
+    ``(t, e) = divmod(i, E)`` (a batch whose ``policy_state`` is stored once and named by
+    ``keys`` has items at ``t = 0`` only: ``E`` of them, see the module's docstring).  ``dataset[i]`` reads one item; ``dataset[[i, j, ...]]``,
     :meth:`get_batch` and ``__getitems__`` (which a ``DataLoader`` with ``batch_size=`` calls)
     read a whole minibatch, each batch it needs once (see docs/reading.md).
 
@@ -45,10 +55,11 @@ class TransitionDataset(Dataset):
     store
         A store URL or path, or an open :class:`~daskrl.TrajectoryStore`.
     keys
-        Arrays to return (default: all).
+        Arrays to return (default: all, but a ``policy_state`` stored once per batch).
     sequence_length
         None: item ``i`` is one transition ``{key: [...]}``.  ``L``: a window of ``L`` steps
-        of one env inside one batch, ``{key: [L, ...]}``.
+        of one env inside one batch, ``{key: [L, ...]}`` (``policy_state``: ``[...]``, the
+        state before its first step).
     batch_ids
         Batches to cover (default: all committed now).
     env
@@ -91,8 +102,10 @@ class TransitionDataset(Dataset):
         if match is not None:
             ids = [b for b in ids if match(records[b])]
         L = self._src.length
+        self._src.once = {b for b in ids if per_batch(records[b])}
         shapes = [tuple(int(n) for n in records[b]["shape"]) for b in ids]
-        counts = [max(0, T - L + 1) * E for T, E in shapes]
+        counts = [max(0, T - L + 1) * E if self._src.starts_anywhere(b) else E * (T >= L)
+                  for b, (T, E) in zip(ids, shapes)]
         self.batch_ids = ids
         self._ids = np.array(ids, np.int64)
         self._envs = np.array([max(1, E) for _, E in shapes], np.int64)
@@ -150,13 +163,17 @@ class TransitionDataset(Dataset):
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> dict[str, Any]:
         """Items ``indices`` stacked: ``{key: [n, ...]}`` (``[n, L, ...]`` for windows), nested
         as items are.  Each batch the items lie in is read once (none if it is cached)."""
-        bids, t, e = self._positions(indices)
-        return nest(self.cache.gather(bids, t, e, self._src.sequence_length))
+        return nest(self._gather(indices))
+
+    def _gather(self, indices: Sequence[int] | np.ndarray | torch.Tensor,
+                ) -> dict[str, torch.Tensor]:
+        length = self._src.sequence_length
+        return first_rows(self.cache.gather(*self._positions(indices), length), length)
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Items ``indices``, read as by :meth:`get_batch` (a ``DataLoader``'s fetcher calls
         this for a minibatch, then collates the items)."""
-        return split(self.cache.gather(*self._positions(indices), self._src.sequence_length))
+        return split(self._gather(indices))
 
     def __getitem__(self, index: Any) -> dict[str, Any]:
         if isinstance(index, (int, np.integer)) or (
@@ -166,7 +183,8 @@ class TransitionDataset(Dataset):
             L = self._src.length
             if self._src.sequence_length is None:
                 return nest({k: v[t, e].clone() for k, v in arrays.items()})
-            return nest({k: v[t:t + L, e].clone() for k, v in arrays.items()})
+            return nest({k: (v[t, e] if is_state(k) else v[t:t + L, e]).clone()
+                         for k, v in arrays.items()})
         return self.get_batch(index)
 
     def __getstate__(self) -> dict[str, Any]:
