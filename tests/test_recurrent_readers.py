@@ -1,7 +1,7 @@
-"""The readers of ``daskrl.data`` on batches of recurrent policies collected
+"""The readers of ``daskrl.data`` and ``to_torchrl`` on batches of recurrent policies collected
 on in-process clusters: ``is_init`` and a per-step ``policy_state`` read as any array, a
 per-batch ``policy_state`` ``[E, ...]`` placed where it belongs, dataset samples that carry the
-state before their first step."""
+state before their first step, and TorchRL's ``GRUModule`` replaying a batch exactly."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 import daskrl
 import daskrl.data as dd
-from daskrl.testing import StepCountPolicy
+from daskrl.testing import GRUPolicy, StepCountPolicy
 
 COUNTING = "daskrl.testing:Counting-v0"  # episodes of 5 steps
 
@@ -93,3 +93,29 @@ def test_sequences_carry_the_state_before_their_first_step(inproc_client, tmp_pa
                               seed=1)
     for m in replay:
         assert torch.equal(m["policy_state"][:, 0], m["step"][:, 0])
+
+
+@pytest.mark.parametrize("form", ["first", "every_step"])
+def test_a_torchrl_gru_module_replays_a_batch(inproc_client, tmp_path, form):
+    pytest.importorskip("torchrl")
+    from torchrl.modules import GRUModule, set_recurrent_mode
+
+    from daskrl.integrations.torchrl import to_torchrl
+
+    torch.manual_seed(0)
+    policy = GRUPolicy(2, 2, hidden=8)
+    store = _collect(inproc_client, tmp_path, policy, store_policy_state=form)
+    gru = GRUModule(input_size=2, hidden_size=8, in_key="observation", out_key="h")
+    with torch.no_grad():
+        for ours, theirs in (("weight_ih", "weight_ih_l0"), ("weight_hh", "weight_hh_l0"),
+                             ("bias_ih", "bias_ih_l0"), ("bias_hh", "bias_hh_l0")):
+            getattr(gru.gru, theirs).copy_(getattr(policy.cell, ours))
+    for h in store:
+        batch = h.load()
+        td = to_torchrl(batch, env_first=True, state_form=form)
+        assert td["recurrent_state"].shape == (3, 7, 1, 8)
+        assert torch.equal(td["is_init"][..., 0], batch["is_init"].T)
+        with torch.no_grad(), set_recurrent_mode(True):
+            out = gru(td.clone())
+        logits = policy.head(out["h"])
+        assert torch.allclose(logits, batch["logits"].transpose(0, 1), atol=1e-5), h.batch_id

@@ -43,12 +43,18 @@ TORCHRL_KEYS: Mapping[str, Any] = {
     "step": "step_count",
 }
 """Where :func:`to_torchrl` puts each of a batch's arrays (policy outputs keep their names, at
-the root). It adds ``("next", "done")`` (``terminated | truncated``), ``("next",
+the root; a recurrent policy's ``is_init`` and ``policy_state``: see :func:`to_torchrl`). It adds ``("next", "done")`` (``terminated | truncated``), ``("next",
 "step_count")`` (``step + 1``) and the root ``done``/``terminated``/``truncated`` (all False,
 as in a collector's output: the flags of the state a step starts from, after any reset)."""
 
 _OWN_KEYS = frozenset({"observation", "action", "next", "collector", "done", "terminated",
                        "truncated", "step_count"})
+
+STATE_KEY = "policy_state"
+RECURRENT_STATE = "recurrent_state"
+"""TorchRL's key of a recurrent module's state (``GRUModule``'s default; ``LSTMModule``'s are
+``recurrent_state_h`` and ``recurrent_state_c``)."""
+STATE_FORMS = ("first", "every_step")
 
 
 def tensordict_class() -> type[TensorDict]:
@@ -152,7 +158,8 @@ def _one_hot(action: torch.Tensor, n: int) -> torch.Tensor:
 
 def to_torchrl(batch: Mapping[str, torch.Tensor] | TensorDict, *, env_first: bool = False,
                one_hot_actions: int | None = None,
-               device: torch.device | str | None = None) -> TensorDict:
+               device: torch.device | str | None = None,
+               state_form: str | None = None) -> TensorDict:
     """A batch in the layout of TorchRL's collectors: a TensorDict with ``("next", ...)`` keys.
 
     ``batch`` is what :meth:`~daskrl.BatchHandle.load` returns (or its :func:`to_tensordict`).
@@ -169,6 +176,22 @@ def to_torchrl(batch: Mapping[str, torch.Tensor] | TensorDict, *, env_first: boo
     ``one_hot_actions=n``: the integer actions of a ``Discrete(n)`` space as TorchRL's one-hot
     encoding (``GymEnv``'s default; ``int64 [..., n]``), kept as stored otherwise (TorchRL's
     ``categorical_action_encoding=True``).  ``device``: the TensorDict's device.
+
+    A recurrent policy's batch (``docs/recurrent.md``) comes in the layout of TorchRL's
+    recurrent modules: ``is_init`` at the root, ``[..., 1]`` (as ``InitTracker`` gives it), and
+    the state before each step under TorchRL's keys: a tensor state as ``recurrent_state``
+    (``GRUModule``'s default), each entry ``name`` of a mapping state as
+    ``recurrent_state_<name>`` (``{"h", "c"}``: ``LSTMModule``'s defaults).  A state of one
+    trailing dimension (``[E, hidden]``, a ``GRUCell``'s) gets TorchRL's layer axis,
+    ``[..., 1, hidden]``; others keep their trailing shape (``[E, num_layers, hidden]``).  A
+    state stored before every step fills every row.  One stored once per batch (``[E, ...]``)
+    is the state at ``t = 0``, and the other rows hold zeros: TorchRL's recurrent mode
+    (``set_recurrent_mode(True)``) reads the state only at a sequence's first step and where
+    ``is_init`` is set, where its modules start from zeros, so it replays the batch exactly
+    when the policy's initial state is zeros (TorchRL's); stepping through the rows one at a
+    time needs the state before every step.  ``state_form`` (``"first"`` or
+    ``"every_step"``, the batch's ``policy_state`` attribute) says which form ``policy_state``
+    has; None infers it from the shapes (and asks for it where ``T == E`` leaves both open).
     """
     td_class = tensordict_class()
     arrays = _tensors(batch, "to_torchrl")
@@ -179,8 +202,15 @@ def to_torchrl(batch: Mapping[str, torch.Tensor] | TensorDict, *, env_first: boo
             f"has {sorted(arrays)}); load it without keys=, or with keys= that include "
             f"{list(REQUIRED)}."
         )
+    state = arrays.pop(STATE_KEY, None)
     T, E = _time_env(arrays, "to_torchrl")
-    clash = sorted(_OWN_KEYS.intersection(arrays) - set(TORCHRL_KEYS))
+    own = _OWN_KEYS | ({"is_init"} if state is not None else set())
+    clash = sorted((own.intersection(arrays) - set(TORCHRL_KEYS) - {"is_init"})
+                   | {k for k in arrays if k.startswith(RECURRENT_STATE)})
+    if state is not None and "is_init" not in arrays:
+        raise UsageError("to_torchrl got a batch with policy_state but no is_init; load it "
+                         "with both (keys= without is_init leaves TorchRL's modules no way to "
+                         "reset the state where episodes start).")
     if clash:
         raise UsageError(f"the batch has policy outputs named {clash}, which TorchRL's layout "
                          "uses for its own keys; rename them in the policy.")
@@ -220,11 +250,54 @@ def to_torchrl(batch: Mapping[str, torch.Tensor] | TensorDict, *, env_first: boo
         nxt["step_count"] = step + 1
     if "episode_id" in arrays:
         root["collector"] = {"traj_ids": arrays.pop("episode_id")}
+    if state is not None:
+        root["is_init"] = arrays.pop("is_init").unsqueeze(-1)
+        root.update(_recurrent_state(state, T, E, state_form))
     root.update(arrays)  # policy outputs, as stored
     root["next"] = nxt
     if env_first:
         root = _env_first(root)
     return td_class(root, batch_size=[E, T] if env_first else [T, E], device=device)
+
+
+def _recurrent_state(state: Any, T: int, E: int, form: str | None) -> dict[str, torch.Tensor]:
+    """A batch's ``policy_state`` (a tensor, or ``{name: tensor}``) under TorchRL's keys, each
+    ``[T, E, ...]`` (see :func:`to_torchrl`)."""
+    leaves = {"": state} if isinstance(state, torch.Tensor) else flatten(state)
+    if form is None:
+        forms = {_form(t, T, E) for t in leaves.values()}
+        if forms != {"first"} and forms != {"every_step"}:
+            shapes = {k or STATE_KEY: tuple(t.shape) for k, t in leaves.items()}
+            raise UsageError(
+                f"to_torchrl cannot tell from its shapes {shapes} whether the batch's "
+                f"policy_state ([T, E] = [{T}, {E}]) is stored once, [E, ...], or before "
+                "every step, [T, E, ...]: pass state_form='first' or 'every_step' (the "
+                "batch's policy_state attribute, store.records()[batch_id]['policy_state']).")
+        form = forms.pop()
+    elif form not in STATE_FORMS:
+        raise UsageError(f"state_form must be one of {STATE_FORMS} or None, got {form!r}.")
+    out = {}
+    for name, t in leaves.items():
+        lead = (E,) if form == "first" else (T, E)
+        if tuple(t.shape[:len(lead)]) != lead:
+            raise UsageError(f"to_torchrl: policy_state{'/' + name if name else ''} has shape "
+                             f"{tuple(t.shape)}, not {list(lead)} + [...] as state_form="
+                             f"{form!r} and the batch's [T, E] = [{T}, {E}] make it.")
+        if form == "first":
+            rows = t.new_zeros((T, *t.shape))
+            rows[0] = t
+            t = rows
+        if t.dim() == 3:
+            t = t.unsqueeze(2)  # TorchRL's layer axis: [T, E, 1, hidden]
+        out[f"{RECURRENT_STATE}_{name.replace('/', '_')}" if name else RECURRENT_STATE] = t
+    return out
+
+
+def _form(t: torch.Tensor, T: int, E: int) -> str | None:
+    """The form a state array's shape says, None if both or neither fit."""
+    once = t.dim() >= 1 and t.shape[0] == E
+    every = t.dim() >= 2 and tuple(t.shape[:2]) == (T, E)
+    return None if once == every else "first" if once else "every_step"
 
 
 def _env_first(tree: dict[str, Any]) -> dict[str, Any]:
