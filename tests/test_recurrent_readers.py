@@ -5,6 +5,8 @@ state before their first step, and TorchRL's ``GRUModule`` replaying a batch exa
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -74,6 +76,20 @@ def test_episodes_and_views_read_a_per_step_state(inproc_client, tmp_path):
     assert np.array_equal(ds["policy_state"].values[..., 0], ds["step"].values)
 
 
+def test_a_view_does_not_join_both_forms(inproc_client, tmp_path):
+    _collect(inproc_client, tmp_path, total_frames=42)
+    store = _collect(inproc_client, tmp_path, total_frames=42, store_policy_state="every_step")
+    forms = [r.get("policy_state") for r in store.records().values()]
+    assert forms == ["first"] * 2 + ["every_step"] * 2
+    with pytest.raises(daskrl.StoreError, match=re.escape(
+            "a view cannot join arrays of both forms")):
+        dd.to_dask(store, ["policy_state"])
+    ids = store.batch_ids()
+    assert dd.to_dask(store, ["policy_state"], batch_ids=ids[:2])["policy_state"].shape == (6, 1)
+    assert dd.to_dask(store, ["policy_state"], batch_ids=ids[2:])["policy_state"].shape == (42, 1)
+    assert "policy_state" not in dd.to_dask(store, ["step"])
+
+
 @pytest.mark.parametrize("form", ["first", "every_step"])
 def test_sequences_carry_the_state_before_their_first_step(inproc_client, tmp_path, form):
     store = _collect(inproc_client, tmp_path, store_policy_state=form)
@@ -117,5 +133,46 @@ def test_a_torchrl_gru_module_replays_a_batch(inproc_client, tmp_path, form):
         assert torch.equal(td["is_init"][..., 0], batch["is_init"].T)
         with torch.no_grad(), set_recurrent_mode(True):
             out = gru(td.clone())
+        logits = policy.head(out["h"])
+        assert torch.allclose(logits, batch["logits"].transpose(0, 1), atol=1e-5), h.batch_id
+
+
+class _LSTMPolicy(torch.nn.Module):
+    """An LSTM policy whose state is the mapping ``{"h", "c"}``, TorchRL's LSTM state names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.LSTMCell(2, 6)
+        self.head = torch.nn.Linear(6, 2)
+
+    def initial_state(self, num_envs):
+        return {"h": torch.zeros(num_envs, 6), "c": torch.zeros(num_envs, 6)}
+
+    def forward(self, obs, state):
+        h, c = self.cell(obs.float(), (state["h"], state["c"]))
+        logits = self.head(h)
+        action = torch.distributions.Categorical(logits=logits).sample()
+        return {"action": action, "logits": logits}, {"h": h, "c": c}
+
+
+def test_a_torchrl_lstm_module_replays_a_mapping_state(inproc_client, tmp_path):
+    pytest.importorskip("torchrl")
+    from torchrl.modules import LSTMModule, set_recurrent_mode
+
+    from daskrl.integrations.torchrl import to_torchrl
+
+    torch.manual_seed(0)
+    policy = _LSTMPolicy()
+    store = _collect(inproc_client, tmp_path, policy)
+    lstm = LSTMModule(input_size=2, hidden_size=6, in_key="observation", out_key="h")
+    with torch.no_grad():
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(lstm.lstm, f"{name}_l0").copy_(getattr(policy.cell, name))
+    for h in store:
+        batch = h.load()
+        td = to_torchrl(batch, env_first=True)
+        assert td["recurrent_state_h"].shape == td["recurrent_state_c"].shape == (3, 7, 1, 6)
+        with torch.no_grad(), set_recurrent_mode(True):
+            out = lstm(td.clone())
         logits = policy.head(out["h"])
         assert torch.allclose(logits, batch["logits"].transpose(0, 1), atol=1e-5), h.batch_id

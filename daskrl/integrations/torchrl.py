@@ -204,9 +204,9 @@ def to_torchrl(batch: Mapping[str, torch.Tensor] | TensorDict, *, env_first: boo
         )
     state = arrays.pop(STATE_KEY, None)
     T, E = _time_env(arrays, "to_torchrl")
-    own = _OWN_KEYS | ({"is_init"} if state is not None else set())
-    clash = sorted((own.intersection(arrays) - set(TORCHRL_KEYS) - {"is_init"})
-                   | {k for k in arrays if k.startswith(RECURRENT_STATE)})
+    clash = sorted(_OWN_KEYS.intersection(arrays) - set(TORCHRL_KEYS))
+    if state is not None:  # the state's keys are TorchRL's recurrent_state*
+        clash += sorted(k for k in arrays if k.startswith(RECURRENT_STATE))
     if state is not None and "is_init" not in arrays:
         raise UsageError("to_torchrl got a batch with policy_state but no is_init; load it "
                          "with both (keys= without is_init leaves TorchRL's modules no way to "
