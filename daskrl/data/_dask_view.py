@@ -119,7 +119,7 @@ def dask_view(
             raise StoreError(_mixed_forms(store.url, (first_bid, once), (bid, this)))
         if layouts:
             included.append(ViewBatch(bid, _batch_shape(bid, path, store.url, layouts, this,
-                                                         recs[bid]["shape"]),
+                                                         recs[bid].get("shape", ())),
                                       int(recs[bid]["weights_version"])))
         for name, lay in layouts.items():
             arr = da.from_delayed(load(store, bid, path, name), shape=lay.shape,
