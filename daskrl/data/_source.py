@@ -4,9 +4,9 @@ and splitting both datasets share.
 
 A recurrent policy's state reaches a sample as the state before the sample's first step:
 :meth:`StoreSource.load_flat` makes a state stored once per batch (``[E, ...]``) time-major
-by repeating it along ``T`` (a view: no copy), so that samples start only at ``t = 0`` of such
-a batch (the only row whose state it holds), and :func:`first_rows` keeps a window's first
-row of the state.
+by repeating it along ``T`` (a view, which a dataset's cache then holds as ``T`` rows like any
+array), samples of such a batch start only at ``t = 0`` (the only row whose state it holds),
+and :func:`first_rows` keeps a window's first row of the state.
 """
 
 from __future__ import annotations
