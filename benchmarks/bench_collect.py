@@ -17,6 +17,12 @@ For each env (CartPole-v1, Pendulum-v1 by default) and each worker count N (1 an
   iterating to the last handle (batches are written to a temporary zarr store, never
   loaded). The cluster is reused for every workload at a given N.
 
+A recurrent policy (``--policies gru``: ``daskrl.testing.GRUPolicy`` with a hidden state of
+:data:`GRU_HIDDEN`, on envs with ``Discrete`` actions) runs on both sides with its state: the
+ceiling carries it from step to step, resets the rows of the envs whose episode starts to the
+initial state, and copies it once per batch (the ``policy_state`` a batch stores), as daskrl's
+workers do; both store the GRU's ``logits`` as its extra output.
+
 Each of ``--repeats`` repeats times, for each workload, the ceiling and then daskrl, one after
 the other (the cluster idles, started, while the ceiling runs), so that each ratio compares
 runs seconds apart: a shared machine's speed drifts by 10-20 % within minutes. The tables give
@@ -41,7 +47,7 @@ none`` skips them): the same env as one vector env of 8 sub-envs, ``gymnasium.ma
 kind: one ``step`` per step, every step copied, the env's own reset steps kept as cleanrl keeps
 them), and daskrl collecting it (``vectorization_mode="vector_entry_point"`` or an envpool
 factory), sync mode, side by side with the single-env figures of that env where it is in
-``--envs``.
+``--envs``; with the sampling and GRU policies among ``--policies``.
 
 Run:  python benchmarks/bench_collect.py [--batches-per-worker 16] [--repeats 1] [--json out.json]
 
@@ -70,6 +76,7 @@ from distributed import Client
 from daskrl import Collector
 from daskrl.deploy import local_cluster
 from daskrl.policies import MLPPolicy
+from daskrl.testing import GRUPolicy
 
 DEFAULT_VECTOR_ENVS = ("CartPole-v1", "envpool:Pong-v5")
 """CartPole with its vector entry point, and Atari Pong through envpool (4 stacked 84x84 grey
@@ -78,24 +85,43 @@ ENVS_PER_WORKER = 8
 FRAMES_PER_BATCH = 4096
 HIDDEN = (64, 64)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-POLICIES = ("sampling", "greedy")
+POLICIES = ("sampling", "greedy", "gru")
+DEFAULT_POLICIES = ("sampling", "greedy")
+VECTOR_POLICIES = ("sampling", "gru")
+"""The policies the vector-env workloads run, of those chosen."""
+GRU_HIDDEN = 64
+"""The hidden size of the ``gru`` policy (``daskrl.testing.GRUPolicy``), the MLP's width."""
 BATCH_STEPS = FRAMES_PER_BATCH // ENVS_PER_WORKER
 """Steps of one batch: the ceiling loops time each such stretch too."""
 
 
 
-def _ceiling_buffers(steps: int, obs: np.ndarray, act_space, discrete: bool) -> dict:
-    """The ceiling loops' preallocated ``[T, E, ...]`` arrays (what a worker's batch holds)."""
+def _ceiling_buffers(steps: int, obs: np.ndarray, act_space, discrete: bool,
+                     policy: torch.nn.Module) -> dict:
+    """The ceiling loops' preallocated ``[T, E, ...]`` arrays (what a worker's batch holds),
+    with the policy's extra output (``log_prob``, or the GRU's ``logits``) and a recurrent
+    policy's state before each batch (``policy_state``, ``[batches, E, ...]``)."""
     E = obs.shape[0]
-    return {
+    buf = {
         "observation": np.empty((steps, *obs.shape), obs.dtype),
         "next_observation": np.empty((steps, *obs.shape), obs.dtype),
         "action": np.empty((steps, E, *act_space.shape), np.int64 if discrete else np.float32),
-        "log_prob": np.empty((steps, E), np.float32),
         "reward": np.empty((steps, E), np.float32),
         "terminated": np.empty((steps, E), np.bool_),
         "truncated": np.empty((steps, E), np.bool_),
     }
+    if isinstance(policy, GRUPolicy):
+        buf["logits"] = np.empty((steps, E, act_space.n), np.float32)
+        buf["policy_state"] = np.empty((-(-steps // BATCH_STEPS), E, policy.hidden), np.float32)
+    else:
+        buf["log_prob"] = np.empty((steps, E), np.float32)
+    return buf
+
+
+def _extra_key(policy: torch.nn.Module) -> str | None:
+    """The extra output a ceiling loop stores: ``log_prob``, ``logits`` (the GRU's) or none."""
+    return ("logits" if isinstance(policy, GRUPolicy) else
+            None if isinstance(policy, GreedyMLP) else "log_prob")
 
 
 class GreedyMLP(torch.nn.Module):
@@ -117,6 +143,12 @@ class GreedyMLP(torch.nn.Module):
         return {"action": self.center + self.scale * torch.tanh(x)}
 
 
+def supports(kind: str, act_space: gym.Space) -> bool:
+    """Whether the policy ``kind`` runs on ``act_space`` (the GRU samples ``Discrete``
+    actions only)."""
+    return kind != "gru" or isinstance(act_space, gym.spaces.Discrete)
+
+
 POLICY_SEED = 0
 """Every policy of a workload has the weights this seed gives: the ceiling's processes and
 daskrl's learner run the same network. (With other weights a greedy CartPole policy ends its
@@ -124,12 +156,15 @@ episodes at another rate, and a reset costs more than a step: measured 5 % apart
 
 
 def make_policy(kind: str, obs_space: gym.Space, act_space: gym.Space) -> torch.nn.Module:
-    """``MLPPolicy(hidden=HIDDEN)`` (``"sampling"``) or its :class:`GreedyMLP`, with the
-    weights of :data:`POLICY_SEED` (the caller's random state is left as it was)."""
+    """``MLPPolicy(hidden=HIDDEN)`` (``"sampling"``), its :class:`GreedyMLP`, or a recurrent
+    ``GRUPolicy(hidden=GRU_HIDDEN)`` (``"gru"``), with the weights of :data:`POLICY_SEED` (the
+    caller's random state is left as it was)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(POLICY_SEED)
         if kind == "greedy":
             return GreedyMLP(obs_space, act_space)
+        if kind == "gru":
+            return GRUPolicy(int(np.prod(obs_space.shape)), int(act_space.n), hidden=GRU_HIDDEN)
         return MLPPolicy(obs_space, act_space, hidden=HIDDEN)
 
 
@@ -144,7 +179,12 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results,
     policy = make_policy(policy_kind, obs_space, act_space)
     discrete = isinstance(act_space, gym.spaces.Discrete)
     obs = np.stack([env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)])
-    buf = _ceiling_buffers(steps, obs, act_space, discrete)
+    buf = _ceiling_buffers(steps, obs, act_space, discrete, policy)
+    extra = _extra_key(policy)
+    recurrent = isinstance(policy, GRUPolicy)
+    with torch.inference_mode():  # a recurrent policy's state, carried from step to step
+        init = policy.initial_state(E) if recurrent else None
+        state = init.clone() if recurrent else None
     barrier.wait()
     batch_ends: list[float] = []
     episodes = 0
@@ -152,13 +192,19 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results,
     for t in range(steps):
         if t % BATCH_STEPS == 0:
             batch_ends.append(time.perf_counter())
+            if recurrent:  # the one copy of the state a batch stores
+                buf["policy_state"][t // BATCH_STEPS] = state.numpy()
         buf["observation"][t] = obs
         with torch.inference_mode():
-            out = policy(torch.as_tensor(obs))
+            if recurrent:
+                out, state = policy(torch.as_tensor(obs), state)
+            else:
+                out = policy(torch.as_tensor(obs))
         action = out["action"].numpy()
         buf["action"][t] = action
-        if "log_prob" in out:
-            buf["log_prob"][t] = out["log_prob"].numpy()
+        if extra is not None:
+            buf[extra][t] = out[extra].numpy()
+        done = []
         for i, env in enumerate(envs):
             nobs, r, term, trunc, _ = env.step(int(action[i]) if discrete else action[i])
             buf["next_observation"][t, i] = nobs
@@ -168,8 +214,12 @@ def ceiling_loop(env_id: str, steps: int, seed: int, barrier, results,
             if term or trunc:
                 obs[i] = env.reset()[0]
                 episodes += 1
+                done.append(i)
             else:
                 obs[i] = nobs
+        if recurrent and done:  # their next episodes start from the initial state
+            with torch.inference_mode():
+                state[done] = init[done]
     times = [*batch_ends, time.perf_counter()]
     results.put((times[-1] - t0, quickest_batch(times), episodes, steady_batch(times)))
 
@@ -195,29 +245,48 @@ def make_vector_env(spec: str, seed: int = 0):
     return gym.make_vec(spec, num_envs=ENVS_PER_WORKER, vectorization_mode="vector_entry_point")
 
 
-def vector_ceiling_loop(spec: str, steps: int, seed: int, barrier, results) -> None:
-    """One process of the vector-env ceiling: the vector env stepped in a plain loop."""
+def vector_ceiling_loop(spec: str, steps: int, seed: int, barrier, results,
+                        policy_kind: str = "sampling") -> None:
+    """One process of the vector-env ceiling: the vector env stepped in a plain loop. A
+    recurrent policy's rows restart from the initial state after a sub-env's reset step (the
+    step after its episode's end, whose observation is the next episode's first)."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     venv = make_vector_env(spec, seed)
     obs_space, act_space = venv.single_observation_space, venv.single_action_space
-    policy = make_policy("sampling", obs_space, act_space)
+    policy = make_policy(policy_kind, obs_space, act_space)
     discrete = isinstance(act_space, gym.spaces.Discrete)
     obs, _ = venv.reset(seed=None if spec.startswith("envpool:") else seed)
-    buf = _ceiling_buffers(steps, obs, act_space, discrete)
+    buf = _ceiling_buffers(steps, obs, act_space, discrete, policy)
+    extra = _extra_key(policy)
+    recurrent = isinstance(policy, GRUPolicy)
+    with torch.inference_mode():
+        init = policy.initial_state(ENVS_PER_WORKER) if recurrent else None
+        state = init.clone() if recurrent else None
+    ended = np.zeros(ENVS_PER_WORKER, np.bool_)
     barrier.wait()
     batch_ends: list[float] = []
     t0 = time.perf_counter()
     for t in range(steps):
         if t % BATCH_STEPS == 0:
             batch_ends.append(time.perf_counter())
+            if recurrent:
+                buf["policy_state"][t // BATCH_STEPS] = state.numpy()
         buf["observation"][t] = obs
         with torch.inference_mode():
-            out = policy(torch.as_tensor(obs))
+            if recurrent:
+                out, state = policy(torch.as_tensor(obs), state)
+            else:
+                out = policy(torch.as_tensor(obs))
         action = out["action"].numpy()
         buf["action"][t] = action
-        buf["log_prob"][t] = out["log_prob"].numpy()
+        if extra is not None:
+            buf[extra][t] = out[extra].numpy()
         obs, r, term, trunc, _ = venv.step(action)
+        if recurrent and ended.any():  # their reset step: the next episodes start
+            with torch.inference_mode():
+                state[ended] = init[ended]
+        ended = term | trunc
         buf["next_observation"][t] = obs
         buf["reward"][t] = r
         buf["terminated"][t] = term
@@ -299,6 +368,24 @@ def _envpool_factory(env_id: str):
     import daskrl
 
     return envpool.make_gymnasium(env_id, num_envs=ENVS_PER_WORKER, seed=daskrl.env_seed())
+
+
+def _workloads(envs: list[str], policies: list[str], vector: bool = False
+               ) -> list[tuple[str, str]]:
+    """``(env, policy)`` of each env and policy that runs on it (others are named, and left
+    out)."""
+    out = []
+    for e in envs:
+        probe = make_vector_env(e) if vector else gym.make(e)
+        space = probe.single_action_space if vector else probe.action_space
+        probe.close()
+        for k in policies:
+            if supports(k, space):
+                out.append((e, k))
+            else:
+                print(f"{e}{' (vector)' if vector else ''}: no {k} workload (its action space "
+                      f"is {space}; the GRU samples Discrete actions)")
+    return out
 
 
 def daskrl_workload(env_id: str, n: int, vector: bool = False, policy_kind: str = "sampling"
@@ -420,8 +507,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="time each workload's ceiling and daskrl runs this many times, "
                              "back to back; the tables give the median ratio and its range")
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
-                        help="MLPPolicy's sampling policy, and/or its greedy (argmax) network")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES,
+                        default=list(DEFAULT_POLICIES),
+                        help="MLPPolicy's sampling policy, its greedy (argmax) network, and/or "
+                             "the recurrent GRUPolicy (Discrete actions only); vector envs run "
+                             "those of " + ", ".join(VECTOR_POLICIES) + " (default: "
+                             + " ".join(DEFAULT_POLICIES) + ")")
     parser.add_argument("--skip-no-tls", action="store_true",
                         help="no sync runs on a cluster without TLS (the price of TLS)")
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
@@ -433,23 +524,28 @@ def main() -> None:
     vector_envs = ([] if args.vector_envs == ["none"] else args.vector_envs
                    or default_vector_envs())
     results, vector_results = [], []
-    workloads = [(e, k) for e in args.envs for k in args.policies]
+    workloads = _workloads(args.envs, args.policies)
+    vector_workloads = _workloads(vector_envs, [k for k in args.policies if k in VECTOR_POLICIES],
+                                  vector=True)
     b = args.batches_per_worker
     for n in args.workers:
         ceilings: dict[tuple[str, str], list[Ceiling]] = {w: [] for w in workloads}
-        vector_ceilings: dict[str, list[Ceiling]] = {e: [] for e in vector_envs}
+        vector_ceilings: dict[tuple[str, str], list[Ceiling]] = {w: [] for w in vector_workloads}
         runs: dict[tuple[str, str], dict[str, list[dict]]] = {
             w: {"sync": [], "async": [], "sync_no_tls": []} for w in workloads}
-        vector_runs: dict[str, list[dict]] = {e: [] for e in vector_envs}
+        vector_runs: dict[tuple[str, str], list[dict]] = {w: [] for w in vector_workloads}
         setups = {w: daskrl_workload(w[0], n, policy_kind=w[1]) for w in workloads}
-        vector_setups = {e: daskrl_workload(e, n, vector=True) for e in vector_envs}
+        vector_setups = {w: daskrl_workload(w[0], n, vector=True, policy_kind=w[1])
+                         for w in vector_workloads}
         # The embedded cluster's default is TLS; the same runs without it price the encryption.
         for tls in (True,) if args.skip_no_tls else (True, False):
             with local_cluster(n, tls=tls) as cluster, Client(cluster) as client, \
                     tempfile.TemporaryDirectory(prefix="daskrl-bench-") as tmp:
                 modes = (True, False) if tls else (True,)
-                for w, setup in [*setups.items(), *vector_setups.items()]:
-                    for sync in modes if w in setups else (True,):
+                warm_ups = [(setup, modes) for setup in setups.values()]
+                warm_ups += [(setup, (True,)) for setup in vector_setups.values()]
+                for setup, warm_modes in warm_ups:
+                    for sync in warm_modes:
                         run_daskrl(client, setup, f"{tmp}/warm-{len(os.listdir(tmp))}", 2, sync)
                 # Each repeat times the ceiling and then daskrl on the same workload, one after
                 # the other: the machine's speed drifts (a shared VM's by 10-20 % within a
@@ -462,10 +558,12 @@ def main() -> None:
                             key = ("sync" if sync else "async") if tls else "sync_no_tls"
                             runs[w][key].append(run_daskrl(
                                 client, setups[w], f"{tmp}/{key}-{w[0]}-{w[1]}-{rep}", b, sync))
-                    for e in vector_envs if tls else ():
-                        vector_ceilings[e].append(run_ceiling(e, n, steps, vector_ceiling_loop))
-                        vector_runs[e].append(run_daskrl(client, vector_setups[e],
-                                                         f"{tmp}/vector-{e}-{rep}", b, True))
+                    for w in vector_workloads if tls else ():
+                        vector_ceilings[w].append(run_ceiling(w[0], n, steps,
+                                                              vector_ceiling_loop, w[1]))
+                        vector_runs[w].append(run_daskrl(
+                            client, vector_setups[w], f"{tmp}/vector-{w[0]}-{w[1]}-{rep}", b,
+                            True))
         summaries = {}
         for w in workloads:
             r = summaries[w] = {mode: summary(rs, ceilings[w]) for mode, rs in runs[w].items()
@@ -477,15 +575,16 @@ def main() -> None:
                   f"{r['sync']['quickest_ratio']:.2f}), async/ceiling "
                   f"{spread(r['async']['ratios'])} (steady {spread(r['async']['steady_ratios'])}"
                   f", quickest {r['async']['quickest_ratio']:.2f})", flush=True)
-        for e in vector_envs:
-            r = {"env": e, "workers": n,
-                 "ceiling_fps": float(np.median([c.fps for c in vector_ceilings[e]])),
-                 "sync": summary(vector_runs[e], vector_ceilings[e])}
-            if (e, "sampling") in ceilings:  # the same env as single envs
-                r["single_ceiling_fps"] = float(np.median([c.fps for c in ceilings[e, "sampling"]]))
-                r["single_sync_fps"] = summaries[e, "sampling"]["sync"]["fps"]
+        for w in vector_workloads:
+            r = {"env": w[0], "policy": w[1], "workers": n,
+                 "ceiling_fps": float(np.median([c.fps for c in vector_ceilings[w]])),
+                 "sync": summary(vector_runs[w], vector_ceilings[w])}
+            if w in ceilings:  # the same env and policy as single envs
+                r["single_ceiling_fps"] = float(np.median([c.fps for c in ceilings[w]]))
+                r["single_sync_fps"] = summaries[w]["sync"]["fps"]
             vector_results.append(r)
-            print(f"  done vector {e} N={n}: daskrl/ceiling {spread(r['sync']['ratios'])} "
+            print(f"  done vector {w[0]} {w[1]} N={n}: daskrl/ceiling "
+                  f"{spread(r['sync']['ratios'])} "
                   f"(steady {spread(r['sync']['steady_ratios'])}, quickest "
                   f"{r['sync']['quickest_ratio']:.2f})", flush=True)
 
@@ -504,10 +603,10 @@ def main() -> None:
     if vector_results:
         print("\nvector envs (8 sub-envs per worker, sync mode; ceiling: the same vector env "
               "in a plain loop):")
-        print_table(["env", "workers", "vector ceiling", "daskrl vector", "daskrl/ceiling",
+        print_table(["env", "policy", "workers", "vector ceiling", "daskrl vector", "daskrl/ceiling",
                      "steady", "quickest", "store bytes/frame", "single-env ceiling",
                      "vector/single ceiling", "daskrl vector/single"],
-                    [[r["env"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
+                    [[r["env"], r["policy"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
                       spread(r["sync"]["ratios"]), spread(r["sync"]["steady_ratios"]),
                       f"{r['sync']['quickest_ratio']:.2f}",
                       f"{r['sync']['store_bytes_per_frame']:.1f}",
@@ -525,7 +624,7 @@ def main() -> None:
                   r[mode]["rollout_fps_per_worker"], f"{r[mode]['episodes_per_kframe']:.1f}",
                   f"{r[mode]['ceiling_episodes_per_kframe']:.1f}"]
                  for r in results for mode in ("sync", "async")]
-                + [[f"{r['env']} (vector)", r["workers"], "sync", r["sync"]["rollout_s_per_batch"],
+                + [[f"{r['env']} {r['policy']} (vector)", r["workers"], "sync", r["sync"]["rollout_s_per_batch"],
                     r["sync"]["write_s_per_batch"], r["sync"]["other_s_per_batch"],
                     r["sync"]["rollout_fps_per_worker"],
                     f"{r['sync']['episodes_per_kframe']:.1f}",
