@@ -95,6 +95,11 @@ def _check_initial(state: Any, n_envs: int) -> Spec:
     return tuple(spec)
 
 
+_ROW_COPIES = 4
+"""Up to this many rows, :meth:`PolicyState.reset` copies row by row: a copy between two
+row views allocates nothing and takes a third of the time of an indexed assignment, which
+converts the index and gathers the initial rows into a new tensor first."""
+
 _INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
@@ -253,10 +258,16 @@ class PolicyState:
 
     def reset(self, envs: list[int] | np.ndarray) -> None:
         """The episodes of ``envs`` start at the next step: their rows of the state become
-        the initial state's."""
+        the initial state's, copied in place."""
+        if isinstance(envs, np.ndarray):
+            envs = envs.tolist()
         with torch.inference_mode():
             for leaf, init in zip(self.leaves(), self._init):
-                leaf[envs] = init[envs]
+                if len(envs) > _ROW_COPIES:
+                    leaf[envs] = init[envs]
+                    continue
+                for i in envs:
+                    leaf[i].copy_(init[i])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The batch's stored state: ``[E, ...]`` before its first step, or, recorded in

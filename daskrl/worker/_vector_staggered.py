@@ -168,6 +168,9 @@ class StaggeredLoop:
             for g in (grid, raw):
                 if key not in g.arrays:
                     g.add(key, tuple(leaf.shape[1:]), to_numpy(leaf[:1]).dtype)
+        # A column's cursor moves a row per step at most, so before step ``quiet`` no column
+        # reaches a batch's first row but those at one now (from t = 1 after a reset step).
+        quiet = steps - int(cursor.max())
         t = 0
         while cursor.min() < steps:
             raw.ensure(t + 1)
@@ -180,7 +183,7 @@ class StaggeredLoop:
             elif every:
                 for key, leaf in zip(state_keys, rec.leaves()):
                     raw[key][t] = to_numpy(leaf)
-            elif snaps is not None:
+            elif snaps is not None and (t < 2 or t >= quiet):
                 at = np.flatnonzero(~self._awaiting & (cursor % steps == 0))
                 if at.size:
                     snaps.append((cursor[at], at, [leaf[at] for leaf in rec.leaves()]))

@@ -122,15 +122,44 @@ def test_a_state_whose_shape_changes_on_a_worker_is_named():
 
 
 def test_policy_state_reset_rows():
-    state = PolicyState(3)
-    policy = StepCountPolicy()
+    state = PolicyState(7)
+    policy = OffsetCountPolicy()
     state.begin(policy, CPU, steps=2)
     act = state.bind(policy)
     with torch.inference_mode():
-        act(torch.zeros(3, 2))
-        act(torch.zeros(3, 2))
+        act(torch.zeros(7, 2))
+        act(torch.zeros(7, 2))
     state.reset([1])
-    assert state.state[:, 0].tolist() == [2, 0, 2]
+    assert state.state[:, 0].tolist() == [102, 100, 102, 102, 102, 102, 102]
+    state.reset(np.array([0, 6]))
+    assert state.state[:, 0].tolist() == [100, 100, 102, 102, 102, 102, 100]
+    with torch.inference_mode():
+        act(torch.zeros(7, 2))
+    state.reset(np.arange(2, 7))  # more rows than are copied one by one
+    assert state.state[:, 0].tolist() == [101, 101, 100, 100, 100, 100, 100]
+
+
+class OffsetCountPolicy(StepCountPolicy):
+    """A :class:`StepCountPolicy` whose state counts from 100: a stored state that was never
+    taken from the policy's rows (an array's zeros) shows."""
+
+    def initial_state(self, num_envs):
+        return torch.full((num_envs, 1), 100, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("length", [3, 4, 5])
+def test_a_staggered_batch_stores_each_columns_state_before_its_first_row(length):
+    # NEXT_STEP sub-envs of episodes 2, 3 and 4 steps long: columns fall out of step, start
+    # batches with spilled rows (past the next batch too), or with their reset step (their
+    # first row made at t = 1). The stream's batches have one length, its last one less.
+    envset = _envsets("NextStep")
+    assert envset.staggered
+    for b, T in enumerate([length] * 12 + [2]):
+        arrays, _ = envset.collect(OffsetCountPolicy(), CPU, steps=T, batch_id=b)
+        step = arrays["step"]
+        assert np.array_equal(arrays["count"], step + 101)
+        assert np.array_equal(arrays["policy_state"][:, 0], step[0] + 100)
+        assert np.array_equal(arrays["is_init"], step == 0)
 
 
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
