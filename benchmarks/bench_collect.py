@@ -589,23 +589,24 @@ def main() -> None:
                   f"{r['sync']['quickest_ratio']:.2f})", flush=True)
 
     print()
-    print_table(["env", "policy", "workers", "ceiling frames/s", "daskrl sync", "sync/ceiling",
-                 "steady", "quickest", "daskrl async", "async/ceiling", "steady", "quickest",
-                 "sync no TLS", "TLS/no TLS"],
-                [[r["env"], r["policy"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
-                  spread(r["sync"]["ratios"]), spread(r["sync"]["steady_ratios"]),
-                  f"{r['sync']['quickest_ratio']:.2f}",
-                  r["async"]["fps"], spread(r["async"]["ratios"]),
-                  spread(r["async"]["steady_ratios"]), f"{r['async']['quickest_ratio']:.2f}",
-                  r["sync_no_tls"]["fps"] if "sync_no_tls" in r else "-",
-                  f"{r['sync']['fps'] / r['sync_no_tls']['fps']:.2f}"
-                  if "sync_no_tls" in r else "-"] for r in results])
+    if results:
+        print_table(["env", "policy", "workers", "ceiling frames/s", "daskrl sync",
+                     "sync/ceiling", "steady", "quickest", "daskrl async", "async/ceiling",
+                     "steady", "quickest", "sync no TLS", "TLS/no TLS"],
+                    [[r["env"], r["policy"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
+                      spread(r["sync"]["ratios"]), spread(r["sync"]["steady_ratios"]),
+                      f"{r['sync']['quickest_ratio']:.2f}",
+                      r["async"]["fps"], spread(r["async"]["ratios"]),
+                      spread(r["async"]["steady_ratios"]), f"{r['async']['quickest_ratio']:.2f}",
+                      r["sync_no_tls"]["fps"] if "sync_no_tls" in r else "-",
+                      f"{r['sync']['fps'] / r['sync_no_tls']['fps']:.2f}"
+                      if "sync_no_tls" in r else "-"] for r in results])
     if vector_results:
         print("\nvector envs (8 sub-envs per worker, sync mode; ceiling: the same vector env "
               "in a plain loop):")
-        print_table(["env", "policy", "workers", "vector ceiling", "daskrl vector", "daskrl/ceiling",
-                     "steady", "quickest", "store bytes/frame", "single-env ceiling",
-                     "vector/single ceiling", "daskrl vector/single"],
+        print_table(["env", "policy", "workers", "vector ceiling", "daskrl vector",
+                     "daskrl/ceiling", "steady", "quickest", "store bytes/frame",
+                     "single-env ceiling", "vector/single ceiling", "daskrl vector/single"],
                     [[r["env"], r["policy"], r["workers"], r["ceiling_fps"], r["sync"]["fps"],
                       spread(r["sync"]["ratios"]), spread(r["sync"]["steady_ratios"]),
                       f"{r['sync']['quickest_ratio']:.2f}",
@@ -624,9 +625,9 @@ def main() -> None:
                   r[mode]["rollout_fps_per_worker"], f"{r[mode]['episodes_per_kframe']:.1f}",
                   f"{r[mode]['ceiling_episodes_per_kframe']:.1f}"]
                  for r in results for mode in ("sync", "async")]
-                + [[f"{r['env']} {r['policy']} (vector)", r["workers"], "sync", r["sync"]["rollout_s_per_batch"],
-                    r["sync"]["write_s_per_batch"], r["sync"]["other_s_per_batch"],
-                    r["sync"]["rollout_fps_per_worker"],
+                + [[f"{r['env']} {r['policy']} (vector)", r["workers"], "sync",
+                    r["sync"]["rollout_s_per_batch"], r["sync"]["write_s_per_batch"],
+                    r["sync"]["other_s_per_batch"], r["sync"]["rollout_fps_per_worker"],
                     f"{r['sync']['episodes_per_kframe']:.1f}",
                     f"{r['sync']['ceiling_episodes_per_kframe']:.1f}"] for r in vector_results])
     if args.json:
