@@ -143,10 +143,11 @@ class StaggeredLoop:
         cursors and which of them made a real step; the rows are put in their columns' places
         at the end, one scatter per array. ``policy``: a stateless one (a recurrent policy
         bound to its state ``rec``, whose rows are reset for the columns whose next episode
-        begins). A column's first row may have been made in the batch before, so the state
-        before the steps of a batch's first rows (rows ``0``, ``steps``, ...) is kept with
-        its rows as they are; in ``every_step`` mode the state before every step is recorded
-        with its row."""
+        begins). A column's first row may have been made in a batch before, and the next
+        batch's length is not known yet, so the state before each row of a column's spill
+        (any of which may open a later batch) is kept with the row, and the state before its
+        row 0 is stored; in ``every_step`` mode the state before every step is recorded with
+        its row."""
         E = self.n_envs
         grid = self._new_grid(steps)
         grid.add(_RET, (), np.float64, 0.0)
@@ -169,8 +170,13 @@ class StaggeredLoop:
                 if key not in g.arrays:
                     g.add(key, tuple(leaf.shape[1:]), to_numpy(leaf[:1]).dtype)
         # A column's cursor moves a row per step at most, so before step ``quiet`` no column
-        # reaches a batch's first row but those at one now (from t = 1 after a reset step).
+        # reaches its spill, and a column's row 0 is made at t = 0 (t = 1 after a reset step).
         quiet = steps - int(cursor.max())
+        skip = max(quiet, 2) - 2
+        hist = (self._history(rec.leaves(), 2 + int(cursor.max()) + steps // 8 + 8)
+                if rec is not None and not every else [])
+        """The state before each vector step that may make a row 0 or a spilled row: steps
+        0 and 1, then from ``quiet`` on (step ``t`` at ``t - skip``)."""
         t = 0
         while cursor.min() < steps:
             raw.ensure(t + 1)
@@ -183,10 +189,12 @@ class StaggeredLoop:
             elif every:
                 for key, leaf in zip(state_keys, rec.leaves()):
                     raw[key][t] = to_numpy(leaf)
-            elif snaps is not None and (t < 2 or t >= quiet):
-                at = np.flatnonzero(~self._awaiting & (cursor % steps == 0))
-                if at.size:
-                    snaps.append((cursor[at], at, [leaf[at] for leaf in rec.leaves()]))
+            elif hist and (t < 2 or t >= quiet):
+                at = t - skip if t >= 2 else t
+                if at == hist[0].shape[0]:
+                    hist = [torch.cat([h, torch.empty_like(h)]) for h in hist]
+                for h, leaf in zip(hist, rec.leaves()):
+                    h[at].copy_(leaf)
             action, extras = self._act(policy, device, t, batch_id)
             if t == 0:
                 self._add_policy_arrays(grid, action, extras)
@@ -254,8 +262,30 @@ class StaggeredLoop:
         self._record_infos(recorder, self._info_carry + infos, steps)
         out = {k: v[:steps] for k, v in grid.arrays.items() if k not in (_RET, _LEN)}
         if snaps is not None:
+            if hist:
+                snaps.append(self._spill_state(hist, skip, raw, t, steps))
             out.update(self._first_state(snaps, state_keys, steps))
         return out
+
+    @staticmethod
+    def _history(leaves: list[torch.Tensor], rows: int) -> list[torch.Tensor]:
+        """Buffers ``[rows, E, ...]`` for the state before each of ``rows`` vector steps."""
+        return [torch.empty((rows, *leaf.shape), dtype=leaf.dtype, device=leaf.device)
+                for leaf in leaves]
+
+    @staticmethod
+    def _spill_state(hist: list[torch.Tensor], skip: int, raw: Grid, t: int, steps: int
+                     ) -> _Snap:
+        """The state before each column's row 0 and spilled rows made in the ``t`` vector
+        steps recorded in ``raw``, from the history ``hist`` (step ``s >= 2`` at
+        ``s - skip``)."""
+        rows = raw["__row"][:t]
+        ts, cs = np.nonzero(raw["__real"][:t] & ((rows == 0) | (rows >= steps)))
+        if not ts.size:
+            return rows[ts, cs], cs, [h[:0, 0] for h in hist]
+        at = np.where(ts >= 2, ts - skip, ts)
+        index = torch.from_numpy(at).to(hist[0].device), torch.from_numpy(cs).to(hist[0].device)
+        return rows[ts, cs], cs, [h[index] for h in hist]
 
     def _first_state(self, snaps: list[_Snap], keys: list[str], steps: int
                      ) -> dict[str, np.ndarray]:

@@ -170,3 +170,28 @@ def test_dict_observations(mode):
         arrays, _ = envset.collect(StepCountPolicy(), CPU, steps=5, batch_id=b)
         assert "observation/count" in arrays
         check_counts(arrays)
+
+
+@pytest.mark.parametrize("lengths", [
+    [6, 6, 6, 2, 2, 2, 6, 6],  # longer, then shorter (a last batch or a requeued one), back
+    [2] * 12 + [3, 3, 3],  # shorter, then longer
+    [5, 5, 5, 5, 5, 5, 5, 1, 4, 3],  # a batch shorter than the spill, then others
+], ids=["longer-shorter", "shorter-longer", "mixed"])
+@pytest.mark.parametrize("every_step", [False, True])
+def test_a_staggered_stream_whose_batch_length_changes_stores_each_columns_state(
+        lengths, every_step):
+    # NEXT_STEP sub-envs of episodes 2, 3 and 4 steps long: the column of 4-step episodes
+    # runs ahead of the others and spills more rows than a batch of another length holds.
+    # Every stored state must be the one before its column's first row in the batch.
+    envset = _envsets("NextStep", every_step)
+    spilled_past_a_batch = False
+    for b, T in enumerate(lengths):
+        if b and lengths[b - 1] != T:
+            spilled_past_a_batch |= bool(envset._staggered._carry_n.max() > T)
+        arrays, _ = envset.collect(OffsetCountPolicy(), CPU, steps=T, batch_id=b)
+        step = arrays["step"]
+        assert np.array_equal(arrays["count"], step + 101)
+        expected = step if every_step else step[0]
+        assert np.array_equal(arrays["policy_state"][..., 0], expected + 100), (b, T)
+        assert np.array_equal(arrays["is_init"], step == 0)
+    assert spilled_past_a_batch
