@@ -18,6 +18,7 @@ from torch import nn
 from zarr.storage import ZipStore
 
 import daskrl
+import daskrl.testing
 from daskrl import PolicyError
 from daskrl.testing import CountingVectorEnv, GRUPolicy, StepCountPolicy
 
@@ -70,6 +71,19 @@ def test_state_counts_steps_across_batches_and_weights(inproc_client, tmp_path, 
         versions = max(versions, h.weights_version)
         assert np.all(b["tag"] == h.weights_version)
     assert carried > 0 and versions >= 1
+
+
+def test_several_envs_each_carry_their_own_state(inproc_client, tmp_path):
+    # two envs whose episodes end at different steps (3 and 5), one per stream: each stream's
+    # state counts its own env's steps, across its batches
+    envs = [functools.partial(daskrl.testing.CountingEnv, length=3),
+            functools.partial(daskrl.testing.CountingEnv, length=5)]
+    _, handles = _collect(inproc_client, tmp_path, env=envs, updates=False, num_workers=2)
+    assert {h.env for h in handles} == {0, 1}
+    for h in handles:
+        b = _numpy(h.load())
+        check_counts(b, b["policy_state"])
+        assert b["step"].max() == (2, 4)[h.env]  # the env's own episodes, not the other's
 
 
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
