@@ -89,18 +89,19 @@ class Args:
     """also log to TensorBoard under this directory: the collector's metrics (charts/episodic_return, charts/SPS, collector/...) and the learner's (pip install "daskrl[tensorboard]")"""
 
 
-def parse_args() -> Args:
-    """Command-line flags from the fields of :class:`Args` (``--total-frames 1000`` ...)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def parse_args(fields: type = Args, doc: str | None = __doc__) -> typing.Any:
+    """Command-line flags from the fields of the dataclass ``fields`` (``--total-frames
+    1000`` ...), described by the first paragraph of ``doc``; an instance of ``fields``."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    hints = typing.get_type_hints(Args)
-    for f in dataclasses.fields(Args):
+    hints = typing.get_type_hints(fields)
+    for f in dataclasses.fields(fields):
         flag = "--" + f.name.replace("_", "-")
         if hints[f.name] is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
             parser.add_argument(flag, type=hints[f.name], default=f.default)
-    return Args(**vars(parser.parse_args()))
+    return fields(**vars(parser.parse_args()))
 
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Linear:
@@ -149,6 +150,14 @@ def advantages(agent: Agent, data: dict[str, torch.Tensor], gamma: float,
     with torch.no_grad():
         value = agent.value(data["observation"])
         next_value = agent.value(data["next_observation"])
+    return gae(data, value, next_value, gamma, lam)
+
+
+def gae(data: dict[str, torch.Tensor], value: torch.Tensor, next_value: torch.Tensor,
+        gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantages and returns over ``[T, N]`` steps from their values and their
+    successors' values: bootstrapped unless the episode terminated; the recursion stops at any
+    episode end and at the batch end."""
     terminated = data["terminated"].float()
     done = (data["terminated"] | data["truncated"]).float()
     delta = data["reward"] + gamma * next_value * (1.0 - terminated) - value

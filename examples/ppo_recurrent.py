@@ -24,7 +24,6 @@ the summary to ``<run dir>/result.json``, as in ``ppo_cartpole.py``.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import json
@@ -37,7 +36,7 @@ import gymnasium as gym
 import numpy as np
 import ppo_cartpole
 import torch
-from ppo_cartpole import Agent, MetricsLog, layer_init, ppo_update, save_curve
+from ppo_cartpole import Agent, MetricsLog, gae, layer_init, parse_args, ppo_update, save_curve
 from torch import nn
 from tqdm import tqdm
 
@@ -103,20 +102,6 @@ class Args:
     """torch threads of the learner"""
 
 
-def parse_args() -> Args:
-    """Command-line flags from the fields of :class:`Args` (``--total-frames 1000`` ...)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    hints = typing.get_type_hints(Args)
-    for f in dataclasses.fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        if hints[f.name] is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            parser.add_argument(flag, type=hints[f.name], default=f.default)
-    return Args(**vars(parser.parse_args()))
-
-
 def masked_cartpole() -> gym.Env:
     """``CartPole-v1`` showing only ``[x, theta]`` (a factory: workers build the envs)."""
     env = gym.make("CartPole-v1")
@@ -180,21 +165,6 @@ def unroll(agent: GRUAgent, batch: dict[str, torch.Tensor], cols: torch.Tensor,
             next_values.append(agent.critic(agent.step(nxt[t], state)).squeeze(-1))
     return (torch.stack(logits), torch.stack(values),
             torch.stack(next_values) if successors else None)
-
-
-def gae(batch: dict[str, torch.Tensor], value: torch.Tensor, next_value: torch.Tensor,
-        gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantages and returns over ``[T, n]`` steps: bootstrapped from the
-    successor's value unless the episode terminated; the recursion stops at any episode end."""
-    terminated = batch["terminated"].float()
-    done = (batch["terminated"] | batch["truncated"]).float()
-    delta = batch["reward"] + gamma * next_value * (1.0 - terminated) - value
-    adv = torch.zeros_like(delta)
-    last = torch.zeros_like(delta[0])
-    for t in reversed(range(delta.shape[0])):
-        last = delta[t] + gamma * lam * (1.0 - done[t]) * last
-        adv[t] = last
-    return adv, adv + value
 
 
 def recurrent_ppo_update(agent: GRUAgent, optimizer: torch.optim.Optimizer,
@@ -345,4 +315,4 @@ def _best_running_mean(returns: list[float], window: int) -> float:
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(parse_args(Args, __doc__))
